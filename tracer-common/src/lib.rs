@@ -1,0 +1,244 @@
+//! Types shared by the eBPF programs (`tracer-ebpf`) and userspace (`tracer`).
+//!
+//! Everything here is `#[repr(C)]` plain data: the kernel writes these bytes
+//! into the ring buffer and maps, and userspace reads them back. A change of
+//! layout must be made on both sides at once, which is why they live here.
+#![no_std]
+
+/// Ring-buffer record kinds. Every record starts with a `u8` kind.
+pub mod kind {
+    /// A TCP segment seen by XDP ([`crate::SegmentEvent`]).
+    pub const XDP_SEGMENT: u8 = 1;
+    /// A segment processed by TCP's receive path ([`crate::ProbeEvent`]).
+    pub const TCP_PROBE: u8 = 2;
+    /// A local retransmission ([`crate::RetransmitEvent`]).
+    pub const RETRANSMIT: u8 = 3;
+}
+
+/// TCP flag bits, as in the TCP header's flags byte.
+pub mod tcp_flags {
+    pub const FIN: u8 = 0x01;
+    pub const SYN: u8 = 0x02;
+    pub const RST: u8 = 0x04;
+    pub const PSH: u8 = 0x08;
+    pub const ACK: u8 = 0x10;
+    pub const URG: u8 = 0x20;
+    pub const ECE: u8 = 0x40;
+    pub const CWR: u8 = 0x80;
+}
+
+/// Address family values used in [`FlowAddrs::family`].
+pub const FAMILY_IPV4: u8 = 4;
+pub const FAMILY_IPV6: u8 = 6;
+
+/// The addresses and ports of a segment, in the direction it travelled.
+///
+/// IPv4 addresses sit in the first four bytes of `saddr`/`daddr`, the rest is
+/// zero. Ports are in host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowAddrs {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
+/// One SACK block (left edge, right edge), host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SackBlock {
+    pub left: u32,
+    pub right: u32,
+}
+
+/// Most SACK blocks a TCP header can carry (40 option bytes).
+pub const MAX_SACK_BLOCKS: usize = 4;
+
+/// [`SegmentEvent::options`] bit: the TCP timestamp option was present.
+pub const OPT_TIMESTAMP: u8 = 0x01;
+/// [`SegmentEvent::options`] bit: the frame carried at least one VLAN tag.
+pub const OPT_VLAN: u8 = 0x02;
+/// [`SegmentEvent::options`] bit: the IPv4 More-Fragments flag was set (first
+/// fragment; later fragments carry no TCP header and are only counted).
+pub const OPT_FIRST_FRAGMENT: u8 = 0x04;
+
+/// A TCP segment as XDP saw it on the receiving interface.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SegmentEvent {
+    pub kind: u8,
+    pub tcp_flags: u8,
+    /// Number of valid entries in `sack`.
+    pub sack_count: u8,
+    /// `OPT_*` bits.
+    pub options: u8,
+    pub rx_queue: u32,
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC nanoseconds.
+    pub ts_ns: u64,
+    pub ifindex: u32,
+    pub cpu: u32,
+    pub addrs: FlowAddrs,
+    pub seq: u32,
+    pub ack: u32,
+    /// TCP payload bytes (IP length minus IP and TCP headers).
+    pub payload_len: u32,
+    /// Raw window field (unscaled).
+    pub window: u16,
+    /// IPv4 identification field; 0 for IPv6.
+    pub ip_id: u16,
+    pub tsval: u32,
+    pub tsecr: u32,
+    /// Outermost VLAN ID (12 bits) when `OPT_VLAN` is set.
+    pub vlan: u16,
+    pub _pad: [u8; 6],
+    pub sack: [SackBlock; MAX_SACK_BLOCKS],
+}
+
+/// A segment (possibly a GRO-coalesced run of them) as TCP's receive path
+/// processed it (`tcp_probe` tracepoint), with the socket's state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProbeEvent {
+    pub kind: u8,
+    pub tcp_flags: u8,
+    pub _pad: [u8; 2],
+    pub cpu: u32,
+    pub ts_ns: u64,
+    /// `skb->skb_iif`: the interface the segment arrived on.
+    pub ifindex: u32,
+    /// TCP payload bytes (`end_seq - seq`, without SYN/FIN).
+    pub payload_len: u32,
+    /// Remote end as source, local end as destination.
+    pub addrs: FlowAddrs,
+    pub seq: u32,
+    pub end_seq: u32,
+    pub ack_seq: u32,
+    pub srtt_us: u32,
+    pub snd_cwnd: u32,
+    pub snd_una: u32,
+    pub snd_nxt: u32,
+    pub rcv_nxt: u32,
+}
+
+/// A segment this host retransmitted (`tcp_retransmit_skb` tracepoint).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RetransmitEvent {
+    pub kind: u8,
+    pub tcp_flags: u8,
+    pub _pad: [u8; 2],
+    pub cpu: u32,
+    pub ts_ns: u64,
+    /// Local end as source, remote end as destination.
+    pub addrs: FlowAddrs,
+    pub seq: u32,
+    pub end_seq: u32,
+    /// The tracepoint's `err` argument (0: sent).
+    pub err: i32,
+    pub _pad2: u32,
+}
+
+/// Indices into the per-CPU `COUNTERS` array. Every drop and skip is counted.
+pub mod counter {
+    /// Frames XDP looked at.
+    pub const XDP_FRAMES: u32 = 0;
+    /// TCP segments XDP parsed completely.
+    pub const XDP_TCP: u32 = 1;
+    /// Frames that are not TCP (ARP, UDP, ICMP, other ethertypes...).
+    pub const XDP_NON_TCP: u32 = 2;
+    /// Frames whose headers were cut short or malformed.
+    pub const XDP_TRUNCATED: u32 = 3;
+    /// IPv6 extension-header chains the parser does not follow (too long,
+    /// ESP, unknown header).
+    pub const XDP_UNSUPPORTED: u32 = 4;
+    /// Non-first IP fragments (no TCP header to read).
+    pub const XDP_FRAGMENTS: u32 = 5;
+    /// TCP segments skipped by the user's filter.
+    pub const XDP_FILTERED: u32 = 6;
+    /// Segment events written to the ring buffer.
+    pub const XDP_EMITTED: u32 = 7;
+    /// Segment events lost because the ring buffer was full.
+    pub const XDP_DROPPED: u32 = 8;
+    /// `tcp_probe` hits.
+    pub const PROBE_SEEN: u32 = 9;
+    /// `tcp_probe` hits outside the traced interface/namespace or filter.
+    pub const PROBE_FILTERED: u32 = 10;
+    pub const PROBE_EMITTED: u32 = 11;
+    pub const PROBE_DROPPED: u32 = 12;
+    /// Kernel memory reads that failed (the event is not emitted).
+    pub const PROBE_READ_ERRORS: u32 = 13;
+    pub const RTX_SEEN: u32 = 14;
+    pub const RTX_FILTERED: u32 = 15;
+    pub const RTX_EMITTED: u32 = 16;
+    pub const RTX_DROPPED: u32 = 17;
+    pub const RTX_READ_ERRORS: u32 = 18;
+    /// Number of counters.
+    pub const COUNT: u32 = 19;
+}
+
+/// Filter switches, in [`FilterConfig::flags`].
+pub const FILTER_PORTS: u32 = 0x01;
+pub const FILTER_ADDRS: u32 = 0x02;
+
+/// The filter set from userspace (index 0 of the `FILTER` array).
+///
+/// A segment passes when (no port filter, or its source or destination port
+/// is in `PORTS`) and (no address filter, or its source or destination
+/// address matches a prefix in `ADDRS`). `ifindex` and `netns_inum`, when
+/// non-zero, scope the tracepoint programs to the traced interface.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FilterConfig {
+    pub flags: u32,
+    pub ifindex: u32,
+    pub netns_inum: u32,
+    pub _pad: u32,
+}
+
+/// Key of the `ADDRS` LPM trie: an IPv6 address, or an IPv4 address mapped
+/// into `::ffff:0:0/96`. The trie's prefix length counts from the top.
+pub type AddrKey = [u8; 16];
+
+/// Kernel structure offsets, resolved from BTF by userspace at load time and
+/// handed to the tracepoint programs as a read-only global.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelOffsets {
+    /// `sk_buff.cb` (where `struct tcp_skb_cb` lives).
+    pub skb_cb: u32,
+    /// `sk_buff.skb_iif`.
+    pub skb_iif: u32,
+    /// `tcp_skb_cb.seq`, `.end_seq`, `.ack_seq`, `.tcp_flags`.
+    pub tcb_seq: u32,
+    pub tcb_end_seq: u32,
+    pub tcb_ack_seq: u32,
+    pub tcb_tcp_flags: u32,
+    /// `sock_common` (at the start of every `struct sock`).
+    pub sk_family: u32,
+    pub sk_daddr: u32,
+    pub sk_rcv_saddr: u32,
+    pub sk_v6_daddr: u32,
+    pub sk_v6_rcv_saddr: u32,
+    pub sk_dport: u32,
+    pub sk_num: u32,
+    pub sk_net: u32,
+    /// `net.ns.inum`.
+    pub net_inum: u32,
+    /// `tcp_sock` fields.
+    pub tp_srtt_us: u32,
+    pub tp_snd_cwnd: u32,
+    pub tp_snd_una: u32,
+    pub tp_snd_nxt: u32,
+    pub tp_rcv_nxt: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    unsafe impl aya::Pod for FilterConfig {}
+    unsafe impl aya::Pod for KernelOffsets {}
+    unsafe impl aya::Pod for FlowAddrs {}
+}

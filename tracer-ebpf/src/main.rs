@@ -1,0 +1,417 @@
+//! The tracer's kernel programs: parse, tag, emit, count. No policy.
+//!
+//! * `tag_rx` (XDP): every received TCP segment, with its RX queue and CPU.
+//! * `tcp_probe` (tp_btf): the order and CPU at which TCP itself processes
+//!   received segments, with the socket's srtt/cwnd/snd_una/snd_nxt.
+//! * `tcp_retransmit_skb` (tp_btf): segments this host retransmits.
+//!
+//! Struct offsets for the tracepoint programs come from userspace, which
+//! resolves them from the running kernel's BTF (`KERNEL_OFFSETS`).
+#![cfg_attr(target_arch = "bpf", no_std, no_main, feature(asm_experimental_arch))]
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    panic!("tracer-ebpf is built for the bpf target by tracer/build.rs");
+}
+
+#[cfg(target_arch = "bpf")]
+mod programs {
+    use aya_ebpf::{
+        bindings::xdp_action,
+        helpers::{
+            bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_xdp_load_bytes,
+        },
+        macros::{btf_tracepoint, map, xdp},
+        maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray, RingBuf},
+        programs::{BtfTracePointContext, XdpContext},
+        Global,
+    };
+    use tracer_common::{
+        counter, kind, tcp_flags, AddrKey, FilterConfig, FlowAddrs, KernelOffsets, ProbeEvent,
+        RetransmitEvent, SegmentEvent, FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS,
+    };
+    use tracer_ebpf::parse::{self, Frame, OptionBytes, ParseError};
+
+    /// Default ring size; userspace may override it at load time.
+    const RING_BYTES: u32 = 16 << 20;
+    const BPF_F_NO_PREALLOC: u32 = 1;
+    const AF_INET: u16 = 2;
+    const AF_INET6: u16 = 10;
+
+    #[map]
+    static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+    #[map]
+    static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+    /// Per-CPU room for the segment being parsed: the 512-byte BPF stack
+    /// cannot hold it next to the parser's own state.
+    #[map]
+    static SCRATCH: PerCpuArray<SegmentEvent> = PerCpuArray::with_max_entries(1, 0);
+    #[map]
+    static FILTER: Array<FilterConfig> = Array::with_max_entries(1, 0);
+    #[map]
+    static PORTS: HashMap<u16, u8> = HashMap::with_max_entries(64, 0);
+    #[map]
+    static ADDRS: LpmTrie<AddrKey, u8> = LpmTrie::with_max_entries(64, BPF_F_NO_PREALLOC);
+
+    #[unsafe(no_mangle)]
+    static KERNEL_OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
+        skb_cb: 0,
+        skb_iif: 0,
+        tcb_seq: 0,
+        tcb_end_seq: 0,
+        tcb_ack_seq: 0,
+        tcb_tcp_flags: 0,
+        sk_family: 0,
+        sk_daddr: 0,
+        sk_rcv_saddr: 0,
+        sk_v6_daddr: 0,
+        sk_v6_rcv_saddr: 0,
+        sk_dport: 0,
+        sk_num: 0,
+        sk_net: 0,
+        net_inum: 0,
+        tp_srtt_us: 0,
+        tp_snd_cwnd: 0,
+        tp_snd_una: 0,
+        tp_snd_nxt: 0,
+        tp_rcv_nxt: 0,
+    });
+
+    #[inline(always)]
+    fn count(index: u32) {
+        if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+            // SAFETY: per-CPU slot, this program is its only writer here.
+            unsafe { *slot += 1 }
+        }
+    }
+
+    #[inline(always)]
+    fn filter_config() -> FilterConfig {
+        FILTER.get(0).copied().unwrap_or_default()
+    }
+
+    /// The user's port and address filter (see `FilterConfig`).
+    #[inline(always)]
+    fn wanted(cfg: &FilterConfig, addrs: &FlowAddrs) -> bool {
+        if cfg.flags & FILTER_PORTS != 0
+            && PORTS.get_ptr(addrs.sport).is_none()
+            && PORTS.get_ptr(addrs.dport).is_none()
+        {
+            return false;
+        }
+        if cfg.flags & FILTER_ADDRS != 0
+            && ADDRS
+                .get(&Key::new(128, addr_key(addrs.family, &addrs.saddr)))
+                .is_none()
+            && ADDRS
+                .get(&Key::new(128, addr_key(addrs.family, &addrs.daddr)))
+                .is_none()
+        {
+            return false;
+        }
+        true
+    }
+
+    /// IPv4 addresses are looked up as `::ffff:a.b.c.d`.
+    #[inline(always)]
+    fn addr_key(family: u8, addr: &[u8; 16]) -> AddrKey {
+        if family == FAMILY_IPV4 {
+            let mut key = [0u8; 16];
+            key[10] = 0xff;
+            key[11] = 0xff;
+            key[12..].copy_from_slice(&addr[..4]);
+            key
+        } else {
+            *addr
+        }
+    }
+
+    /// The XDP packet as a [`Frame`]: every read is checked against
+    /// `data_end`, which is also what the verifier needs.
+    struct XdpFrame {
+        ctx: *mut aya_ebpf::bindings::xdp_md,
+        start: usize,
+        end: usize,
+    }
+
+    /// Offsets beyond this are never header bytes; the cap keeps the
+    /// verifier's range tracking of computed offsets small.
+    const MAX_HEADER_OFFSET: usize = 0x3fff;
+
+    impl Frame for XdpFrame {
+        #[inline(always)]
+        fn read<T: Copy>(&self, offset: usize) -> Option<T> {
+            if offset > MAX_HEADER_OFFSET {
+                return None;
+            }
+            let mut at = self.start + offset;
+            let in_bounds: u64;
+            // The check is written in assembly because LLVM otherwise turns
+            // `at + 1 > end` into `at >= end`, from which the verifier
+            // learns no readable range. The pointer read below is the
+            // register this check validated (hence `inout`).
+            // SAFETY: register moves, an add and a compare; no memory access.
+            unsafe {
+                core::arch::asm!(
+                    "{last} = {at}",
+                    "{last} += {size}",
+                    "{ok} = 0",
+                    "if {last} > {end} goto +1",
+                    "{ok} = 1",
+                    at = inout(reg) at,
+                    last = out(reg) _,
+                    ok = out(reg) in_bounds,
+                    end = in(reg) self.end,
+                    size = const core::mem::size_of::<T>(),
+                );
+            }
+            if in_bounds == 0 {
+                return None;
+            }
+            // SAFETY: [at, at + size) was checked against data_end above.
+            Some(unsafe { core::ptr::read_unaligned(at as *const T) })
+        }
+
+        #[inline(always)]
+        fn copy_options(&self, offset: usize, len: usize, buf: &mut OptionBytes) -> Option<()> {
+            if offset > MAX_HEADER_OFFSET || len == 0 || len > parse::MAX_TCP_OPTION_BYTES {
+                return None;
+            }
+            // The same value for the valid 1..=40, in a form that bounds it
+            // to 1..=64 (the buffer) for the verifier too (see `opaque`).
+            let len = (self.opaque(len - 1) & 63) + 1;
+            // SAFETY: `buf` has room for 64 bytes; the helper checks the
+            // packet side itself (and also reads fragments).
+            let ret = unsafe {
+                bpf_xdp_load_bytes(self.ctx, offset as u32, buf.as_mut_ptr().cast(), len as u32)
+            };
+            (ret == 0).then_some(())
+        }
+
+        #[inline(always)]
+        fn opaque(&self, mut i: usize) -> usize {
+            // SAFETY: a register move onto itself.
+            unsafe { core::arch::asm!("{0} = {0}", inout(reg) i) };
+            i
+        }
+    }
+
+    #[xdp(frags)]
+    pub fn tag_rx(ctx: XdpContext) -> u32 {
+        count(counter::XDP_FRAMES);
+        let frame = XdpFrame {
+            ctx: ctx.ctx,
+            start: ctx.data(),
+            end: ctx.data_end(),
+        };
+        let Some(ev) = SCRATCH.get_ptr_mut(0) else {
+            return xdp_action::XDP_PASS;
+        };
+        // SAFETY: this CPU's scratch slot; XDP does not nest on a CPU.
+        let ev = unsafe { &mut *ev };
+        *ev = SegmentEvent::default();
+        if let Err(err) = parse::parse_segment(&frame, ev) {
+            count(match err {
+                ParseError::NonTcp => counter::XDP_NON_TCP,
+                ParseError::Truncated => counter::XDP_TRUNCATED,
+                ParseError::Unsupported => counter::XDP_UNSUPPORTED,
+                ParseError::Fragment => counter::XDP_FRAGMENTS,
+            });
+            return xdp_action::XDP_PASS;
+        }
+        count(counter::XDP_TCP);
+        if !wanted(&filter_config(), &ev.addrs) {
+            count(counter::XDP_FILTERED);
+            return xdp_action::XDP_PASS;
+        }
+        ev.kind = kind::XDP_SEGMENT;
+        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+        ev.ifindex = ctx.ingress_ifindex() as u32;
+        ev.rx_queue = ctx.rx_queue_index();
+        ev.cpu = unsafe { bpf_get_smp_processor_id() };
+        // bpf_ringbuf_output: reserve, copy from the scratch slot, submit.
+        match EVENTS.output::<SegmentEvent>(&*ev, 0) {
+            Ok(()) => count(counter::XDP_EMITTED),
+            Err(_) => count(counter::XDP_DROPPED),
+        }
+        xdp_action::XDP_PASS
+    }
+
+    #[inline(always)]
+    unsafe fn read<T: Copy>(base: *const u8, offset: u32) -> Result<T, i32> {
+        unsafe { bpf_probe_read_kernel(base.add(offset as usize).cast::<T>()) }
+    }
+
+    /// Whether `sk` lives in the traced network namespace (0: any).
+    #[inline(always)]
+    unsafe fn in_netns(sk: *const u8, off: &KernelOffsets, inum: u32) -> Result<bool, i32> {
+        if inum == 0 {
+            return Ok(true);
+        }
+        let net: *const u8 = unsafe { read(sk, off.sk_net)? };
+        Ok(unsafe { read::<u32>(net, off.net_inum)? } == inum)
+    }
+
+    /// The socket's two ends; `remote_first` puts the peer in `saddr`.
+    #[inline(always)]
+    unsafe fn sock_addrs(
+        sk: *const u8,
+        off: &KernelOffsets,
+        remote_first: bool,
+    ) -> Result<FlowAddrs, i32> {
+        let mut a = FlowAddrs::default();
+        let family: u16 = unsafe { read(sk, off.sk_family)? };
+        let remote_port = u16::from_be(unsafe { read(sk, off.sk_dport)? });
+        let local_port: u16 = unsafe { read(sk, off.sk_num)? };
+        let (remote, local) = if family == AF_INET6 {
+            a.family = FAMILY_IPV6;
+            let remote: [u8; 16] = unsafe { read(sk, off.sk_v6_daddr)? };
+            let local: [u8; 16] = unsafe { read(sk, off.sk_v6_rcv_saddr)? };
+            (remote, local)
+        } else if family == AF_INET {
+            a.family = FAMILY_IPV4;
+            let mut remote = [0u8; 16];
+            let mut local = [0u8; 16];
+            remote[..4].copy_from_slice(&unsafe { read::<[u8; 4]>(sk, off.sk_daddr)? });
+            local[..4].copy_from_slice(&unsafe { read::<[u8; 4]>(sk, off.sk_rcv_saddr)? });
+            (remote, local)
+        } else {
+            return Err(-1);
+        };
+        if remote_first {
+            (a.saddr, a.daddr, a.sport, a.dport) = (remote, local, remote_port, local_port);
+        } else {
+            (a.saddr, a.daddr, a.sport, a.dport) = (local, remote, local_port, remote_port);
+        }
+        Ok(a)
+    }
+
+    /// `seq`, `end_seq`, `ack_seq` and the flags byte of the skb's
+    /// `struct tcp_skb_cb`.
+    #[inline(always)]
+    unsafe fn skb_tcp_cb(skb: *const u8, off: &KernelOffsets) -> Result<(u32, u32, u32, u8), i32> {
+        let cb = unsafe { skb.add(off.skb_cb as usize) };
+        let seq = unsafe { read(cb, off.tcb_seq)? };
+        let end_seq = unsafe { read(cb, off.tcb_end_seq)? };
+        let ack_seq = unsafe { read(cb, off.tcb_ack_seq)? };
+        // tcp_flags is a u8 on older kernels and a u16 on newer ones; the
+        // TCP header flag bits are the low byte either way (little endian).
+        let flags: u8 = unsafe { read(cb, off.tcb_tcp_flags)? };
+        Ok((seq, end_seq, ack_seq, flags))
+    }
+
+    #[btf_tracepoint(function = "tcp_probe")]
+    pub fn tcp_probe(ctx: BtfTracePointContext) -> i32 {
+        count(counter::PROBE_SEEN);
+        match unsafe { try_tcp_probe(&ctx) } {
+            Ok(Some(ev)) => match EVENTS.reserve::<ProbeEvent>(0) {
+                Some(mut slot) => {
+                    slot.write(ev);
+                    slot.submit(0);
+                    count(counter::PROBE_EMITTED);
+                }
+                None => count(counter::PROBE_DROPPED),
+            },
+            Ok(None) => count(counter::PROBE_FILTERED),
+            Err(_) => count(counter::PROBE_READ_ERRORS),
+        }
+        0
+    }
+
+    #[inline(always)]
+    unsafe fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<Option<ProbeEvent>, i32> {
+        let sk: *const u8 = ctx.arg(0);
+        let skb: *const u8 = ctx.arg(1);
+        let off = KERNEL_OFFSETS.load();
+        let cfg = filter_config();
+        let iif: u32 = unsafe { read(skb, off.skb_iif)? };
+        if cfg.ifindex != 0 && iif != cfg.ifindex {
+            return Ok(None);
+        }
+        if !unsafe { in_netns(sk, &off, cfg.netns_inum)? } {
+            return Ok(None);
+        }
+        let addrs = unsafe { sock_addrs(sk, &off, true)? };
+        if !wanted(&cfg, &addrs) {
+            return Ok(None);
+        }
+        let (seq, end_seq, ack_seq, flags) = unsafe { skb_tcp_cb(skb, &off)? };
+        let control =
+            u32::from(flags & tcp_flags::SYN != 0) + u32::from(flags & tcp_flags::FIN != 0);
+        Ok(Some(ProbeEvent {
+            kind: kind::TCP_PROBE,
+            tcp_flags: flags,
+            cpu: unsafe { bpf_get_smp_processor_id() },
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+            ifindex: iif,
+            payload_len: end_seq.wrapping_sub(seq).wrapping_sub(control),
+            addrs,
+            seq,
+            end_seq,
+            ack_seq,
+            srtt_us: unsafe { read(sk, off.tp_srtt_us)? },
+            snd_cwnd: unsafe { read(sk, off.tp_snd_cwnd)? },
+            snd_una: unsafe { read(sk, off.tp_snd_una)? },
+            snd_nxt: unsafe { read(sk, off.tp_snd_nxt)? },
+            rcv_nxt: unsafe { read(sk, off.tp_rcv_nxt)? },
+            ..ProbeEvent::default()
+        }))
+    }
+
+    #[btf_tracepoint(function = "tcp_retransmit_skb")]
+    pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
+        count(counter::RTX_SEEN);
+        match unsafe { try_tcp_retransmit(&ctx) } {
+            Ok(Some(ev)) => match EVENTS.reserve::<RetransmitEvent>(0) {
+                Some(mut slot) => {
+                    slot.write(ev);
+                    slot.submit(0);
+                    count(counter::RTX_EMITTED);
+                }
+                None => count(counter::RTX_DROPPED),
+            },
+            Ok(None) => count(counter::RTX_FILTERED),
+            Err(_) => count(counter::RTX_READ_ERRORS),
+        }
+        0
+    }
+
+    #[inline(always)]
+    unsafe fn try_tcp_retransmit(
+        ctx: &BtfTracePointContext,
+    ) -> Result<Option<RetransmitEvent>, i32> {
+        let sk: *const u8 = ctx.arg(0);
+        let skb: *const u8 = ctx.arg(1);
+        let err: i32 = ctx.arg(2);
+        let off = KERNEL_OFFSETS.load();
+        let cfg = filter_config();
+        if !unsafe { in_netns(sk, &off, cfg.netns_inum)? } {
+            return Ok(None);
+        }
+        let addrs = unsafe { sock_addrs(sk, &off, false)? };
+        if !wanted(&cfg, &addrs) {
+            return Ok(None);
+        }
+        let (seq, end_seq, _, flags) = unsafe { skb_tcp_cb(skb, &off)? };
+        Ok(Some(RetransmitEvent {
+            kind: kind::RETRANSMIT,
+            tcp_flags: flags,
+            cpu: unsafe { bpf_get_smp_processor_id() },
+            ts_ns: unsafe { bpf_ktime_get_ns() },
+            addrs,
+            seq,
+            end_seq,
+            err,
+            ..RetransmitEvent::default()
+        }))
+    }
+
+    #[panic_handler]
+    fn panic(_info: &core::panic::PanicInfo) -> ! {
+        loop {}
+    }
+
+    #[unsafe(link_section = "license")]
+    #[unsafe(no_mangle)]
+    static LICENSE: [u8; 4] = *b"GPL\0";
+}

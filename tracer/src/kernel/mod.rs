@@ -1,0 +1,324 @@
+//! Loading the eBPF programs, attaching them (always as bpf_links, so even a
+//! killed tracer leaves nothing attached), configuring the filter and reading
+//! the kernel-side counters.
+
+pub mod btf;
+pub mod netns;
+
+use std::{ffi::CString, fmt, path::Path};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{lpm_trie::Key, lpm_trie::LpmTrie, Array, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, ProgramError, Xdp, XdpMode},
+    Ebpf, EbpfLoader,
+};
+use tracer_common::{counter, FilterConfig, FILTER_ADDRS, FILTER_PORTS};
+
+use crate::{filter::trie_key, Filter, SetupError};
+use netns::NetnsGuard;
+
+/// Which XDP attachment to ask for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpModeChoice {
+    /// Driver (native) mode, falling back to generic if the driver refuses.
+    #[default]
+    Auto,
+    Native,
+    Generic,
+}
+
+/// The XDP attachment actually in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AttachedMode {
+    Native,
+    Generic,
+}
+
+impl fmt::Display for AttachedMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Native => "native",
+            Self::Generic => "generic",
+        })
+    }
+}
+
+/// Default ring buffer: 16 MiB, about 110,000 segment events.
+pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
+
+#[derive(Clone, Debug)]
+pub struct TracerOptions {
+    pub iface: String,
+    pub netns: Option<String>,
+    pub xdp_mode: XdpModeChoice,
+    pub filter: Filter,
+    /// Ring buffer size: a power of two, at least one page.
+    pub ring_bytes: u32,
+}
+
+impl TracerOptions {
+    pub fn new(iface: &str) -> Self {
+        Self {
+            iface: iface.to_string(),
+            netns: None,
+            xdp_mode: XdpModeChoice::Auto,
+            filter: Filter::default(),
+            ring_bytes: DEFAULT_RING_BYTES,
+        }
+    }
+}
+
+/// The loaded and attached programs. Dropping it detaches everything.
+pub struct Tracer {
+    pub iface: String,
+    pub netns: Option<String>,
+    pub ifindex: u32,
+    pub mode: AttachedMode,
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    // Last: dropping the programs closes their links and unloads them.
+    _ebpf: Ebpf,
+}
+
+impl Tracer {
+    /// Checks the prerequisites, loads the programs, sets the filter and
+    /// attaches to `opts.iface` (inside `opts.netns` if given).
+    pub fn attach(opts: &TracerOptions) -> Result<Self> {
+        crate::require_root()?;
+        if !opts.ring_bytes.is_power_of_two() || opts.ring_bytes < 4096 {
+            return Err(SetupError::BadArgument(format!(
+                "ring buffer size {} is not a power of two of at least 4096 bytes",
+                opts.ring_bytes
+            ))
+            .into());
+        }
+        let btf_path = Path::new(btf::VMLINUX_BTF);
+        if !btf_path.exists() {
+            return Err(SetupError::Environment(format!(
+                "this kernel exposes no BTF at {} (needs CONFIG_DEBUG_INFO_BTF=y)",
+                btf::VMLINUX_BTF
+            ))
+            .into());
+        }
+        let offsets = btf::Btf::from_file(btf_path)
+            .and_then(|b| b.kernel_offsets())
+            .map_err(|e| SetupError::Environment(e.to_string()))?;
+        let aya_btf = aya::Btf::from_sys_fs().context("parsing kernel BTF for tp_btf")?;
+
+        // Everything that names the interface happens inside its namespace.
+        let guard = NetnsGuard::enter_opt(opts.netns.as_deref())?;
+        let ifindex = if_index(&opts.iface).ok_or_else(|| SetupError::UnknownInterface {
+            name: opts.iface.clone(),
+            netns: opts.netns.clone(),
+        })?;
+        let netns_inum = netns::current_inum().context("reading the network namespace id")?;
+
+        let mut ebpf = EbpfLoader::new()
+            .override_global("KERNEL_OFFSETS", &offsets, true)
+            .map_max_entries("EVENTS", opts.ring_bytes)
+            .load(crate::EBPF_OBJECT)
+            .context("loading the eBPF object")?;
+        configure_filter(&mut ebpf, &opts.filter, ifindex, netns_inum)?;
+
+        for name in ["tcp_probe", "tcp_retransmit_skb"] {
+            let prog: &mut BtfTracePoint = program(&mut ebpf, name)?
+                .try_into()
+                .with_context(|| format!("program {name} is not tp_btf"))?;
+            prog.load(name, &aya_btf)
+                .with_context(|| format!("loading tp_btf/{name}"))?;
+            prog.attach()
+                .with_context(|| format!("attaching tp_btf/{name}"))?;
+        }
+
+        let xdp: &mut Xdp = program(&mut ebpf, "tag_rx")?
+            .try_into()
+            .context("program tag_rx is not XDP")?;
+        xdp.load().context("loading XDP program tag_rx")?;
+        let mode = attach_xdp(xdp, ifindex, opts)?;
+        drop(guard);
+
+        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("no EVENTS map")?)?;
+        let counters =
+            PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("no COUNTERS map")?)?;
+        Ok(Self {
+            iface: opts.iface.clone(),
+            netns: opts.netns.clone(),
+            ifindex,
+            mode,
+            ring,
+            counters,
+            _ebpf: ebpf,
+        })
+    }
+
+    pub fn ring(&mut self) -> &mut RingBuf<MapData> {
+        &mut self.ring
+    }
+
+    /// Sums of the per-CPU kernel counters.
+    pub fn counters(&self) -> Result<Counters> {
+        let mut c = Counters::default();
+        for (i, slot) in c.0.iter_mut().enumerate() {
+            *slot = self
+                .counters
+                .get(&(i as u32), 0)
+                .context("reading kernel counters")?
+                .iter()
+                .sum();
+        }
+        Ok(c)
+    }
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
+    ebpf.program_mut(name)
+        .with_context(|| format!("the eBPF object has no program {name}"))
+}
+
+fn if_index(name: &str) -> Option<u32> {
+    let c = CString::new(name).ok()?;
+    // SAFETY: valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
+fn attach_xdp(xdp: &mut Xdp, ifindex: u32, opts: &TracerOptions) -> Result<AttachedMode> {
+    let try_mode = |xdp: &mut Xdp, mode: AttachedMode| -> Result<(), ProgramError> {
+        let flags = match mode {
+            AttachedMode::Native => XdpMode::Driver,
+            AttachedMode::Generic => XdpMode::Skb,
+        };
+        xdp.attach_to_if_index(ifindex, flags).map(drop)
+    };
+    let explain = |mode: AttachedMode, e: ProgramError| {
+        anyhow::Error::new(e).context(format!(
+            "attaching XDP ({mode}) to {}: is another XDP program attached? (`ip -d link show {}`)",
+            opts.iface, opts.iface
+        ))
+    };
+    match opts.xdp_mode {
+        XdpModeChoice::Native => try_mode(xdp, AttachedMode::Native)
+            .map(|()| AttachedMode::Native)
+            .map_err(|e| explain(AttachedMode::Native, e)),
+        XdpModeChoice::Generic => try_mode(xdp, AttachedMode::Generic)
+            .map(|()| AttachedMode::Generic)
+            .map_err(|e| explain(AttachedMode::Generic, e)),
+        XdpModeChoice::Auto => match try_mode(xdp, AttachedMode::Native) {
+            Ok(()) => Ok(AttachedMode::Native),
+            Err(native) => {
+                log::info!(
+                    "native XDP refused on {} ({native}); using generic",
+                    opts.iface
+                );
+                try_mode(xdp, AttachedMode::Generic)
+                    .map(|()| AttachedMode::Generic)
+                    .map_err(|e| explain(AttachedMode::Generic, e))
+            }
+        },
+    }
+}
+
+fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: u32) -> Result<()> {
+    let mut flags = 0;
+    if !filter.ports.is_empty() {
+        flags |= FILTER_PORTS;
+        let mut ports: HashMap<_, u16, u8> =
+            HashMap::try_from(ebpf.map_mut("PORTS").context("no PORTS map")?)?;
+        for &port in &filter.ports {
+            ports
+                .insert(port, 1, 0)
+                .context("setting the port filter")?;
+        }
+    }
+    if !filter.prefixes.is_empty() {
+        flags |= FILTER_ADDRS;
+        let mut addrs: LpmTrie<_, [u8; 16], u8> =
+            LpmTrie::try_from(ebpf.map_mut("ADDRS").context("no ADDRS map")?)?;
+        for &(addr, len) in &filter.prefixes {
+            let (key, bits) = trie_key(addr, len);
+            addrs
+                .insert(&Key::new(bits, key), 1, 0)
+                .context("setting the address filter")?;
+        }
+    }
+    let mut config: Array<_, FilterConfig> =
+        Array::try_from(ebpf.map_mut("FILTER").context("no FILTER map")?)?;
+    config
+        .set(
+            0,
+            FilterConfig {
+                flags,
+                ifindex,
+                netns_inum,
+                _pad: 0,
+            },
+            0,
+        )
+        .context("setting the filter")?;
+    Ok(())
+}
+
+/// Kernel-side counters (sums over CPUs), indexed by [`tracer_common::counter`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters(pub [u64; counter::COUNT as usize]);
+
+impl Counters {
+    pub fn get(&self, index: u32) -> u64 {
+        self.0[index as usize]
+    }
+
+    /// Events the kernel could not write because the ring buffer was full.
+    pub fn dropped(&self) -> u64 {
+        self.get(counter::XDP_DROPPED)
+            + self.get(counter::PROBE_DROPPED)
+            + self.get(counter::RTX_DROPPED)
+    }
+
+    /// Events the kernel wrote into the ring buffer.
+    pub fn emitted(&self) -> u64 {
+        self.get(counter::XDP_EMITTED)
+            + self.get(counter::PROBE_EMITTED)
+            + self.get(counter::RTX_EMITTED)
+    }
+
+    pub fn since(&self, earlier: &Counters) -> Counters {
+        let mut d = *self;
+        for (now, then) in d.0.iter_mut().zip(earlier.0) {
+            *now = now.saturating_sub(then);
+        }
+        d
+    }
+
+    /// (name, value) of every counter, for reports.
+    pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        COUNTER_NAMES
+            .iter()
+            .enumerate()
+            .map(|(i, &name)| (name, self.0[i]))
+    }
+}
+
+/// Report names, in [`tracer_common::counter`] index order.
+pub const COUNTER_NAMES: [&str; counter::COUNT as usize] = [
+    "xdp_frames",
+    "xdp_tcp_segments",
+    "xdp_non_tcp",
+    "xdp_truncated",
+    "xdp_unsupported_headers",
+    "xdp_ip_fragments",
+    "xdp_filtered",
+    "xdp_events",
+    "xdp_dropped",
+    "probe_seen",
+    "probe_filtered",
+    "probe_events",
+    "probe_dropped",
+    "probe_read_errors",
+    "retransmit_seen",
+    "retransmit_filtered",
+    "retransmit_events",
+    "retransmit_dropped",
+    "retransmit_read_errors",
+];

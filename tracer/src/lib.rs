@@ -1,0 +1,22 @@
+//! The reordering tracer: kernel programs that tag every received TCP
+//! segment with its RX queue and CPU, and the userspace that collects,
+//! analyses and reports.
+//!
+//! Data flows one way: [`kernel`] (load, attach, counters) -> [`source`]
+//! (typed observations) -> [`record`] (the collection loop) -> sinks
+//! ([`report`], [`jsonl`]). [`lab`] builds self-contained test networks.
+
+pub mod error;
+pub mod filter;
+pub mod jsonl;
+pub mod kernel;
+pub mod lab;
+pub mod record;
+pub mod report;
+pub mod source;
+
+pub use error::{require_root, SetupError};
+pub use filter::Filter;
+
+/// The compiled eBPF object, built by build.rs.
+pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));

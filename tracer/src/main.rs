@@ -1,0 +1,349 @@
+//! `tracer`: the command-line front end. All logic lives in the library.
+//!
+//! Exit codes: 0 success; 1 runtime failure; 2 bad input or missing
+//! prerequisite (nothing was attached); 3 finished, but the kernel dropped
+//! events (the ring buffer was full), so the results are incomplete.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand};
+use tracer::{
+    jsonl::JsonLines,
+    kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
+    lab,
+    record::{self, Outcome, RecordOptions, Sink, StopReason},
+    report::TrafficStats,
+    Filter, SetupError,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "tracer",
+    version,
+    about = "Tag every received TCP segment with its RX queue and CPU, in the kernel"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Trace TCP segments received on an interface.
+    Record(RecordArgs),
+    /// Build a two-namespace test network, trace an upload across it, remove it.
+    Lab(LabArgs),
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    /// XDP attachment: native (driver) with generic fallback, or forced.
+    #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
+    xdp_mode: XdpModeChoice,
+    /// Ring buffer size in MiB (a power of two).
+    #[arg(long, default_value_t = DEFAULT_RING_BYTES >> 20)]
+    ring_mib: u32,
+    /// Write every observation as JSON lines to FILE (mode 0600).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// No progress line every second.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct RecordArgs {
+    /// Interface to trace (received segments).
+    #[arg(long)]
+    iface: String,
+    /// Network namespace (under /run/netns) the interface lives in.
+    #[arg(long)]
+    netns: Option<String>,
+    /// Flows to trace, e.g. "port 5201", "net 10.0.0.0/24 and port 443".
+    #[arg(long, value_name = "EXPR")]
+    filter: Option<String>,
+    /// Stop after SECS seconds (default: until Ctrl-C).
+    #[arg(long, value_name = "SECS")]
+    duration: Option<f64>,
+    #[command(flatten)]
+    trace: TraceArgs,
+}
+
+#[derive(Args)]
+struct LabArgs {
+    /// Parallel TCP connections.
+    #[arg(long, default_value_t = 4)]
+    flows: usize,
+    /// Bytes per connection (suffixes k, M, G).
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    bytes: u64,
+    /// Upper bound on the transfer, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 20.0)]
+    duration: f64,
+    /// Use IPv6 instead of IPv4.
+    #[arg(long)]
+    ipv6: bool,
+    /// TX/RX queues of the veth pair.
+    #[arg(long, default_value_t = 4)]
+    queues: u32,
+    #[command(flatten)]
+    trace: TraceArgs,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("'{s}' is not a size like 64M"))
+}
+
+fn seconds(flag: &str, secs: f64) -> Result<Duration, SetupError> {
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(SetupError::BadArgument(format!(
+            "{flag} {secs}: give a number of seconds between 0 and 86400"
+        )));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn ring_bytes(mib: u32) -> Result<u32, SetupError> {
+    match mib.checked_mul(1 << 20) {
+        Some(b) if mib.is_power_of_two() => Ok(b),
+        _ => Err(SetupError::BadArgument(format!(
+            "--ring-mib {mib}: give a power of two from 1 to 2048"
+        ))),
+    }
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tracer: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Record(args) => record_cmd(args).await,
+            Command::Lab(args) => lab_cmd(args).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            let setup = e.chain().any(|c| c.downcast_ref::<SetupError>().is_some());
+            // One line: the outermost context and its causes.
+            eprintln!("tracer: {}", format!("{e:#}").replace('\n', " "));
+            if setup {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Opens the outputs before anything is attached, so bad paths fail early.
+fn open_outputs(trace: &TraceArgs) -> Result<Option<JsonLines>> {
+    Ok(trace.out.as_deref().map(JsonLines::create).transpose()?)
+}
+
+async fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
+    let filter = Filter::parse(args.filter.as_deref().unwrap_or(""))?;
+    let duration = args
+        .duration
+        .map(|d| seconds("--duration", d))
+        .transpose()?;
+    let opts = TracerOptions {
+        iface: args.iface,
+        netns: args.netns,
+        xdp_mode: args.trace.xdp_mode,
+        filter,
+        ring_bytes: ring_bytes(args.trace.ring_mib)?,
+    };
+    tracer::require_root()?;
+    let mut out = open_outputs(&args.trace)?;
+    let mut tracer = Tracer::attach(&opts)?;
+    eprintln!(
+        "tracing TCP received on {}{} (XDP {}); Ctrl-C to stop",
+        tracer.iface,
+        tracer
+            .netns
+            .as_ref()
+            .map(|n| format!(" in netns {n}"))
+            .unwrap_or_default(),
+        tracer.mode
+    );
+    let mut stats = TrafficStats::default();
+    let outcome = collect(
+        &mut tracer,
+        &mut stats,
+        out.as_mut(),
+        std::future::pending(),
+        duration,
+        !args.trace.quiet,
+    )
+    .await?;
+    drop(tracer);
+    print!(
+        "{}",
+        stats.summary(outcome.elapsed, &outcome.counters, &header(&opts, &outcome))
+    );
+    finish(&outcome, out.as_ref())
+}
+
+async fn collect(
+    tracer: &mut Tracer,
+    stats: &mut TrafficStats,
+    out: Option<&mut JsonLines>,
+    until: impl std::future::Future<Output = ()>,
+    duration: Option<Duration>,
+    progress: bool,
+) -> Result<Outcome> {
+    let mut sinks: Vec<&mut dyn Sink> = Vec::new();
+    if let Some(out) = out {
+        sinks.push(out);
+    }
+    record::run(
+        tracer,
+        stats,
+        &mut sinks,
+        until,
+        &RecordOptions { duration, progress },
+    )
+    .await
+}
+
+fn header(opts: &TracerOptions, o: &Outcome) -> String {
+    let stop = match o.stop {
+        StopReason::Duration => "duration reached".to_string(),
+        StopReason::Signal(s) => format!("{s}"),
+        StopReason::Finished => "transfer finished".to_string(),
+    };
+    format!(
+        "tracer: {:.1} s on {}{} ({stop})",
+        o.elapsed.as_secs_f64(),
+        opts.iface,
+        opts.netns
+            .as_ref()
+            .map(|n| format!(" in netns {n}"))
+            .unwrap_or_default(),
+    )
+}
+
+/// Final lines shared by every command, and the exit code.
+fn finish(outcome: &Outcome, out: Option<&JsonLines>) -> Result<ExitCode> {
+    if outcome.decode_errors > 0 || outcome.missing() > 0 {
+        println!(
+            "  WARNING    {} records did not decode, {} emitted records were not read",
+            outcome.decode_errors,
+            outcome.missing()
+        );
+    }
+    if let Some(out) = out {
+        println!("  wrote      {} observations (JSON lines)", out.written());
+    }
+    Ok(if outcome.counters.dropped() > 0 {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
+    let timeout = seconds("--duration", args.duration)?;
+    if args.flows == 0 || args.flows > 256 {
+        return Err(SetupError::BadArgument(format!(
+            "--flows {}: give 1 to 256 connections",
+            args.flows
+        ))
+        .into());
+    }
+    if !(1..=64).contains(&args.queues) {
+        return Err(
+            SetupError::BadArgument(format!("--queues {}: give 1 to 64", args.queues)).into(),
+        );
+    }
+    tracer::require_root()?;
+    let mut out = open_outputs(&args.trace)?;
+    let topo = lab::Topology::create(&lab::TopologyOptions {
+        queues: args.queues,
+    })?;
+    let opts = TracerOptions {
+        iface: lab::SERVER_IF.to_string(),
+        netns: Some(topo.server_ns.clone()),
+        xdp_mode: args.trace.xdp_mode,
+        filter: Filter::default(),
+        ring_bytes: ring_bytes(args.trace.ring_mib)?,
+    };
+    let mut tracer = Tracer::attach(&opts)?;
+    eprintln!(
+        "lab: {} x {:.0} MB upload over {} ({}), {} -> {} ({} queues), traced with XDP {}",
+        args.flows,
+        args.bytes as f64 / 1e6,
+        if args.ipv6 { "IPv6" } else { "IPv4" },
+        "kernel TCP",
+        topo.client_ns,
+        topo.server_ns,
+        topo.queues,
+        tracer.mode
+    );
+    let upload = lab::Upload::start(
+        &topo,
+        &lab::UploadSpec {
+            flows: args.flows,
+            bytes_per_flow: args.bytes,
+            port: 5201,
+            ipv6: args.ipv6,
+            timeout,
+        },
+    )?;
+    let mut stats = TrafficStats::default();
+    let outcome = collect(
+        &mut tracer,
+        &mut stats,
+        out.as_mut(),
+        upload.wait(),
+        Some(timeout + Duration::from_secs(1)),
+        !args.trace.quiet,
+    )
+    .await;
+    upload.stop();
+    let results = upload.join();
+    drop(tracer);
+    drop(topo);
+    let outcome = outcome?;
+    let results = results?;
+    print!(
+        "{}",
+        stats.summary(outcome.elapsed, &outcome.counters, &header(&opts, &outcome))
+    );
+    println!("  lab ground truth (the sockets' own byte counts):");
+    for r in &results {
+        let traced = stats.flows.get(&r.flow).map_or(0, |f| f.payload_bytes);
+        println!(
+            "    {}  sent {:.1} MB, received {:.1} MB, sender retransmissions {}; traced payload {:.1} MB ({:.1}% of received)",
+            r.flow,
+            r.sent as f64 / 1e6,
+            r.received as f64 / 1e6,
+            r.retransmits,
+            traced as f64 / 1e6,
+            traced as f64 * 100.0 / r.received.max(1) as f64
+        );
+    }
+    finish(&outcome, out.as_ref())
+}

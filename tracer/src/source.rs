@@ -1,0 +1,302 @@
+//! Turns raw ring-buffer records into typed [`Observation`]s: the one stream
+//! every later stage (statistics, engine, exporters) consumes.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use serde::Serialize;
+use tracer_common::{
+    kind, FlowAddrs, ProbeEvent, RetransmitEvent, SegmentEvent, FAMILY_IPV4, OPT_FIRST_FRAGMENT,
+    OPT_TIMESTAMP, OPT_VLAN,
+};
+
+/// One direction of a TCP connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Flow {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+}
+
+impl Flow {
+    pub fn reversed(&self) -> Flow {
+        Flow {
+            src: self.dst,
+            dst: self.src,
+        }
+    }
+}
+
+impl std::fmt::Display for Flow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} -> {}", self.src, self.dst)
+    }
+}
+
+/// A TCP segment seen by XDP on the traced interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Segment {
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub ts_ns: u64,
+    pub ifindex: u32,
+    pub rx_queue: u32,
+    pub cpu: u32,
+    pub flow: Flow,
+    pub seq: u32,
+    pub ack: u32,
+    pub payload_len: u32,
+    pub flags: u8,
+    pub window: u16,
+    /// IPv4 identification; `None` for IPv6.
+    pub ip_id: Option<u16>,
+    /// (TSval, TSecr) when the timestamp option is present.
+    pub timestamp: Option<(u32, u32)>,
+    /// SACK blocks (left, right), at most four.
+    pub sack: Vec<(u32, u32)>,
+    pub vlan: Option<u16>,
+    pub first_fragment: bool,
+}
+
+/// A segment, or a GRO-coalesced run of segments, as TCP processed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TcpProbe {
+    pub ts_ns: u64,
+    pub cpu: u32,
+    pub ifindex: u32,
+    pub flow: Flow,
+    pub seq: u32,
+    pub end_seq: u32,
+    pub ack: u32,
+    pub payload_len: u32,
+    pub flags: u8,
+    pub srtt_us: u32,
+    pub snd_cwnd: u32,
+    pub snd_una: u32,
+    pub snd_nxt: u32,
+    pub rcv_nxt: u32,
+}
+
+/// A segment this host retransmitted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Retransmit {
+    pub ts_ns: u64,
+    pub cpu: u32,
+    pub flow: Flow,
+    pub seq: u32,
+    pub end_seq: u32,
+    pub flags: u8,
+    pub err: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Observation {
+    Segment(Segment),
+    TcpProbe(TcpProbe),
+    Retransmit(Retransmit),
+}
+
+impl Observation {
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Self::Segment(s) => s.ts_ns,
+            Self::TcpProbe(p) => p.ts_ns,
+            Self::Retransmit(r) => r.ts_ns,
+        }
+    }
+}
+
+/// Why a record could not be decoded (counted, never silently skipped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    Empty,
+    UnknownKind(u8),
+    Short { kind: u8, len: usize },
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode(record: &[u8]) -> Result<Observation, DecodeError> {
+    let &k = record.first().ok_or(DecodeError::Empty)?;
+    match k {
+        kind::XDP_SEGMENT => read::<SegmentEvent>(record).map(|e| Observation::Segment(e.into())),
+        kind::TCP_PROBE => read::<ProbeEvent>(record).map(|e| Observation::TcpProbe(e.into())),
+        kind::RETRANSMIT => {
+            read::<RetransmitEvent>(record).map(|e| Observation::Retransmit(e.into()))
+        }
+        other => Err(DecodeError::UnknownKind(other)),
+    }
+}
+
+/// Plain-data structs from tracer-common that any byte pattern is valid for.
+trait Record: Copy {}
+impl Record for SegmentEvent {}
+impl Record for ProbeEvent {}
+impl Record for RetransmitEvent {}
+
+fn read<T: Record>(record: &[u8]) -> Result<T, DecodeError> {
+    if record.len() < size_of::<T>() {
+        return Err(DecodeError::Short {
+            kind: record[0],
+            len: record.len(),
+        });
+    }
+    // SAFETY: length checked; T is a repr(C) struct of integers and arrays,
+    // for which every bit pattern is valid.
+    Ok(unsafe { std::ptr::read_unaligned(record.as_ptr().cast::<T>()) })
+}
+
+/// The flow of a kernel address record. IPv4-mapped IPv6 addresses (a
+/// dual-stack socket talking IPv4) become IPv4, as XDP sees them on the wire.
+pub fn flow_of(a: &FlowAddrs) -> Flow {
+    let ip = |bytes: &[u8; 16]| -> IpAddr {
+        if a.family == FAMILY_IPV4 {
+            IpAddr::V4(Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]))
+        } else {
+            let v6 = Ipv6Addr::from(*bytes);
+            match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(v6),
+            }
+        }
+    };
+    Flow {
+        src: SocketAddr::new(ip(&a.saddr), a.sport),
+        dst: SocketAddr::new(ip(&a.daddr), a.dport),
+    }
+}
+
+impl From<SegmentEvent> for Segment {
+    fn from(e: SegmentEvent) -> Self {
+        let sack_count = usize::from(e.sack_count).min(e.sack.len());
+        Segment {
+            ts_ns: e.ts_ns,
+            ifindex: e.ifindex,
+            rx_queue: e.rx_queue,
+            cpu: e.cpu,
+            flow: flow_of(&e.addrs),
+            seq: e.seq,
+            ack: e.ack,
+            payload_len: e.payload_len,
+            flags: e.tcp_flags,
+            window: e.window,
+            ip_id: (e.addrs.family == FAMILY_IPV4).then_some(e.ip_id),
+            timestamp: (e.options & OPT_TIMESTAMP != 0).then_some((e.tsval, e.tsecr)),
+            sack: e.sack[..sack_count]
+                .iter()
+                .map(|b| (b.left, b.right))
+                .collect(),
+            vlan: (e.options & OPT_VLAN != 0).then_some(e.vlan),
+            first_fragment: e.options & OPT_FIRST_FRAGMENT != 0,
+        }
+    }
+}
+
+impl From<ProbeEvent> for TcpProbe {
+    fn from(e: ProbeEvent) -> Self {
+        TcpProbe {
+            ts_ns: e.ts_ns,
+            cpu: e.cpu,
+            ifindex: e.ifindex,
+            flow: flow_of(&e.addrs),
+            seq: e.seq,
+            end_seq: e.end_seq,
+            ack: e.ack_seq,
+            payload_len: e.payload_len,
+            flags: e.tcp_flags,
+            srtt_us: e.srtt_us,
+            snd_cwnd: e.snd_cwnd,
+            snd_una: e.snd_una,
+            snd_nxt: e.snd_nxt,
+            rcv_nxt: e.rcv_nxt,
+        }
+    }
+}
+
+impl From<RetransmitEvent> for Retransmit {
+    fn from(e: RetransmitEvent) -> Self {
+        Retransmit {
+            ts_ns: e.ts_ns,
+            cpu: e.cpu,
+            flow: flow_of(&e.addrs),
+            seq: e.seq,
+            end_seq: e.end_seq,
+            flags: e.tcp_flags,
+            err: e.err,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tracer_common::{SackBlock, FAMILY_IPV6};
+
+    fn bytes_of<T>(v: &T) -> Vec<u8> {
+        // SAFETY: reading the bytes of a repr(C) plain-data value.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    #[test]
+    fn decodes_a_segment_record() {
+        let mut e = SegmentEvent {
+            kind: kind::XDP_SEGMENT,
+            tcp_flags: 0x10,
+            sack_count: 2,
+            options: OPT_TIMESTAMP,
+            rx_queue: 3,
+            ts_ns: 42,
+            cpu: 1,
+            seq: 1000,
+            payload_len: 1448,
+            ip_id: 7,
+            tsval: 11,
+            tsecr: 12,
+            ..Default::default()
+        };
+        e.addrs.family = FAMILY_IPV4;
+        e.addrs.saddr[..4].copy_from_slice(&[10, 0, 0, 1]);
+        e.addrs.daddr[..4].copy_from_slice(&[10, 0, 0, 2]);
+        e.addrs.sport = 40000;
+        e.addrs.dport = 5201;
+        e.sack[0] = SackBlock { left: 1, right: 2 };
+        e.sack[1] = SackBlock { left: 3, right: 4 };
+        let Observation::Segment(s) = decode(&bytes_of(&e)).unwrap() else {
+            panic!("not a segment");
+        };
+        assert_eq!(s.flow.to_string(), "10.0.0.1:40000 -> 10.0.0.2:5201");
+        assert_eq!(
+            (s.rx_queue, s.cpu, s.seq, s.payload_len),
+            (3, 1, 1000, 1448)
+        );
+        assert_eq!(s.timestamp, Some((11, 12)));
+        assert_eq!(s.sack, vec![(1, 2), (3, 4)]);
+        assert_eq!(s.ip_id, Some(7));
+        assert_eq!(s.vlan, None);
+    }
+
+    #[test]
+    fn maps_v4_mapped_socket_addresses_to_ipv4() {
+        let mut a = FlowAddrs {
+            family: FAMILY_IPV6,
+            sport: 1,
+            dport: 2,
+            ..Default::default()
+        };
+        a.saddr = "::ffff:10.0.0.1".parse::<Ipv6Addr>().unwrap().octets();
+        a.daddr = "fd00::2".parse::<Ipv6Addr>().unwrap().octets();
+        let f = flow_of(&a);
+        assert_eq!(f.src.to_string(), "10.0.0.1:1");
+        assert_eq!(f.dst.to_string(), "[fd00::2]:2");
+    }
+
+    #[test]
+    fn rejects_short_and_unknown_records() {
+        assert_eq!(decode(&[]), Err(DecodeError::Empty));
+        assert_eq!(decode(&[99, 0, 0]), Err(DecodeError::UnknownKind(99)));
+        assert_eq!(
+            decode(&[kind::TCP_PROBE, 0]),
+            Err(DecodeError::Short {
+                kind: kind::TCP_PROBE,
+                len: 2
+            })
+        );
+    }
+}
