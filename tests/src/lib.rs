@@ -1,1 +1,133 @@
+//! Shared helpers for the kernel integration tests.
 
+use std::{collections::BTreeMap, time::Duration};
+
+use anyhow::Result;
+use tracer::{
+    kernel::{Tracer, TracerOptions},
+    lab::{self, FlowResult, Topology, Upload, UploadSpec},
+    record::{self, Collect, Outcome, RecordOptions},
+    report::TrafficStats,
+};
+
+/// True when running as root; otherwise says the test is skipped.
+pub fn root_or_skip(test: &str) -> bool {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("{test}: skipped: needs root");
+    false
+}
+
+/// A lab topology with the tracer attached to the server side.
+pub fn traced_lab(queues: u32, filter: &str) -> Result<(Topology, Tracer)> {
+    let topo = Topology::create(&lab::TopologyOptions { queues })?;
+    let mut opts = TracerOptions::new(lab::SERVER_IF);
+    opts.netns = Some(topo.server_ns.clone());
+    opts.filter = tracer::Filter::parse(filter)?;
+    let tracer = Tracer::attach(&opts)?;
+    Ok((topo, tracer))
+}
+
+/// Runs an upload and records everything the tracer sees meanwhile.
+pub fn record_upload(
+    topo: &Topology,
+    tracer: &mut Tracer,
+    spec: &UploadSpec,
+) -> Result<(Outcome, Collect, Vec<FlowResult>)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let upload = Upload::start(topo, spec)?;
+    let mut collect = Collect::default();
+    let mut stats = TrafficStats::default();
+    let outcome = rt.block_on(record::run(
+        tracer,
+        &mut stats,
+        &mut [&mut collect],
+        upload.wait(),
+        &RecordOptions {
+            duration: Some(spec.timeout + Duration::from_secs(5)),
+            progress: false,
+        },
+    ))?;
+    let results = upload.join()?;
+    Ok((outcome, collect, results))
+}
+
+/// How a set of byte ranges covers [0, len): bytes covered more than once,
+/// and the gaps (start, end) left uncovered.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Coverage {
+    pub covered_once_or_more: u64,
+    pub duplicate_bytes: u64,
+    pub gaps: Vec<(u64, u64)>,
+    pub beyond_end: u64,
+}
+
+pub fn coverage(ranges: &[(u64, u64)], len: u64) -> Coverage {
+    // Sweep over range boundaries: +1 at a start, -1 at an end.
+    let mut edges: BTreeMap<u64, i64> = BTreeMap::new();
+    for &(start, end) in ranges {
+        *edges.entry(start).or_default() += 1;
+        *edges.entry(end).or_default() -= 1;
+    }
+    let (mut depth, mut at) = (0i64, 0u64);
+    let mut c = Coverage {
+        covered_once_or_more: 0,
+        duplicate_bytes: 0,
+        gaps: Vec::new(),
+        beyond_end: 0,
+    };
+    let account = |from: u64, to: u64, depth: i64, c: &mut Coverage| {
+        if from >= to {
+            return;
+        }
+        let inside = to.min(len).saturating_sub(from.min(len));
+        c.beyond_end += (to - from) - inside;
+        if depth == 0 {
+            if inside > 0 {
+                c.gaps.push((from.min(len), to.min(len)));
+            }
+        } else {
+            c.covered_once_or_more += inside;
+            c.duplicate_bytes += inside * (depth as u64 - 1);
+        }
+    };
+    for (&pos, &delta) in &edges {
+        account(at, pos, depth, &mut c);
+        depth += delta;
+        at = pos;
+    }
+    account(at, len.max(at), depth, &mut c);
+    c
+}
+
+/// The online CPU count, from the kernel's own list (e.g. "0-1").
+pub fn online_cpus() -> u32 {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
+    list.trim()
+        .split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => b.parse::<u32>().unwrap_or(0) - a.parse::<u32>().unwrap_or(0) + 1,
+            None => 1,
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coverage_finds_gaps_and_duplicates() {
+        let c = coverage(&[(0, 10), (5, 15), (20, 30)], 30);
+        assert_eq!(c.covered_once_or_more, 25);
+        assert_eq!(c.duplicate_bytes, 5);
+        assert_eq!(c.gaps, vec![(15, 20)]);
+        let c = coverage(&[(0, 10)], 12);
+        assert_eq!(c.gaps, vec![(10, 12)]);
+        assert_eq!(coverage(&[(0, 12)], 10).beyond_end, 2);
+    }
+}

@@ -67,7 +67,7 @@ pub const OPT_FIRST_FRAGMENT: u8 = 0x04;
 
 /// A TCP segment as XDP saw it on the receiving interface.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SegmentEvent {
     pub kind: u8,
     pub tcp_flags: u8,
@@ -100,7 +100,7 @@ pub struct SegmentEvent {
 /// A segment (possibly a GRO-coalesced run of them) as TCP's receive path
 /// processed it (`tcp_probe` tracepoint), with the socket's state.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeEvent {
     pub kind: u8,
     pub tcp_flags: u8,
@@ -125,7 +125,7 @@ pub struct ProbeEvent {
 
 /// A segment this host retransmitted (`tcp_retransmit_skb` tracepoint).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RetransmitEvent {
     pub kind: u8,
     pub tcp_flags: u8,
@@ -190,7 +190,7 @@ pub const FILTER_ADDRS: u32 = 0x02;
 /// address matches a prefix in `ADDRS`). `ifindex` and `netns_inum`, when
 /// non-zero, scope the tracepoint programs to the traced interface.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FilterConfig {
     pub flags: u32,
     pub ifindex: u32,

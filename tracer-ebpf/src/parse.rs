@@ -302,3 +302,382 @@ fn parse_tcp_options<F: Frame + ?Sized>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! Crafted frames: each field the parser must report is put there by
+    //! the builders below, independently of the parser's own code.
+
+    use super::*;
+    use tracer_common::tcp_flags::{ACK, PSH, SYN};
+
+    const TS: [u8; 12] = [1, 1, 8, 10, 0, 0, 0x12, 0x34, 0, 0, 0x56, 0x78];
+
+    struct Tcp {
+        sport: u16,
+        dport: u16,
+        seq: u32,
+        ack: u32,
+        flags: u8,
+        window: u16,
+        options: Vec<u8>,
+        payload: usize,
+    }
+
+    impl Default for Tcp {
+        fn default() -> Self {
+            Tcp {
+                sport: 40000,
+                dport: 5201,
+                seq: 0xdead_beef,
+                ack: 0x0102_0304,
+                flags: ACK | PSH,
+                window: 501,
+                options: TS.to_vec(),
+                payload: 100,
+            }
+        }
+    }
+
+    fn tcp(t: &Tcp) -> Vec<u8> {
+        assert_eq!(t.options.len() % 4, 0, "test options must be padded");
+        let doff = (20 + t.options.len()) / 4;
+        let mut v = Vec::new();
+        v.extend(t.sport.to_be_bytes());
+        v.extend(t.dport.to_be_bytes());
+        v.extend(t.seq.to_be_bytes());
+        v.extend(t.ack.to_be_bytes());
+        v.push((doff as u8) << 4);
+        v.push(t.flags);
+        v.extend(t.window.to_be_bytes());
+        v.extend([0, 0, 0, 0]); // checksum, urgent pointer
+        v.extend(&t.options);
+        v.extend(std::iter::repeat_n(0xab, t.payload));
+        v
+    }
+
+    fn ipv4(proto: u8, frag: u16, options: &[u8], l4: &[u8]) -> Vec<u8> {
+        let ihl = 5 + options.len() / 4;
+        let total = (ihl * 4 + l4.len()) as u16;
+        let mut v = vec![0x40 | ihl as u8, 0];
+        v.extend(total.to_be_bytes());
+        v.extend(0x4242u16.to_be_bytes()); // identification
+        v.extend(frag.to_be_bytes());
+        v.extend([64, proto, 0, 0]);
+        v.extend([10, 0, 0, 1]);
+        v.extend([10, 0, 0, 2]);
+        v.extend(options);
+        v.extend(l4);
+        v
+    }
+
+    const SRC6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    const DST6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+
+    /// `ext`: (header type, total length in bytes) in order; the last one's
+    /// next header is `upper`.
+    fn ipv6(ext: &[(u8, usize)], upper: u8, l4: &[u8]) -> Vec<u8> {
+        let mut chain = Vec::new();
+        for (i, &(kind, len)) in ext.iter().enumerate() {
+            let next = ext.get(i + 1).map_or(upper, |e| e.0);
+            let mut h = vec![0u8; len];
+            h[0] = next;
+            h[1] = match kind {
+                51 => (len / 4 - 2) as u8,
+                44 => 0,
+                _ => (len / 8 - 1) as u8,
+            };
+            chain.extend(h);
+        }
+        let first = ext.first().map_or(upper, |e| e.0);
+        let mut v = vec![0x60, 0, 0, 0];
+        v.extend(((chain.len() + l4.len()) as u16).to_be_bytes());
+        v.extend([first, 64]);
+        v.extend(SRC6);
+        v.extend(DST6);
+        v.extend(chain);
+        v.extend(l4);
+        v
+    }
+
+    fn eth(ethertype: u16, vlans: &[(u16, u16)], l3: &[u8]) -> Vec<u8> {
+        let mut v = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
+        for &(tpid, tci) in vlans {
+            v.extend(tpid.to_be_bytes());
+            v.extend(tci.to_be_bytes());
+        }
+        v.extend(ethertype.to_be_bytes());
+        v.extend(l3);
+        v
+    }
+
+    fn parse(frame: &[u8]) -> Result<SegmentEvent, ParseError> {
+        let mut ev = SegmentEvent::default();
+        parse_segment(frame, &mut ev).map(|()| ev)
+    }
+
+    #[test]
+    fn ipv4_segment_with_timestamps() {
+        let ev = parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&Tcp::default())))).unwrap();
+        assert_eq!(ev.addrs.family, FAMILY_IPV4);
+        assert_eq!(&ev.addrs.saddr[..4], &[10, 0, 0, 1]);
+        assert_eq!(&ev.addrs.daddr[..4], &[10, 0, 0, 2]);
+        assert_eq!((ev.addrs.sport, ev.addrs.dport), (40000, 5201));
+        assert_eq!((ev.seq, ev.ack), (0xdead_beef, 0x0102_0304));
+        assert_eq!(
+            (ev.tcp_flags, ev.window, ev.ip_id),
+            (ACK | PSH, 501, 0x4242)
+        );
+        assert_eq!(ev.payload_len, 100);
+        assert_eq!((ev.tsval, ev.tsecr), (0x1234, 0x5678));
+        assert_eq!(ev.options, OPT_TIMESTAMP);
+        assert_eq!(ev.sack_count, 0);
+    }
+
+    #[test]
+    fn payload_comes_from_ip_length_not_ethernet_padding() {
+        let ack = Tcp {
+            options: vec![],
+            payload: 0,
+            ..Tcp::default()
+        };
+        let mut frame = eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&ack)));
+        frame.resize(60, 0); // minimum Ethernet frame
+        assert_eq!(parse(&frame).unwrap().payload_len, 0);
+        assert_eq!(parse(&frame).unwrap().options, 0);
+    }
+
+    #[test]
+    fn ipv4_header_options_are_skipped_by_ihl() {
+        let opts = [0x94, 0x04, 0, 0, 1, 1, 1, 0]; // router alert + NOPs + EOL
+        let ev = parse(&eth(0x0800, &[], &ipv4(6, 0, &opts, &tcp(&Tcp::default())))).unwrap();
+        assert_eq!(
+            (ev.addrs.sport, ev.seq, ev.payload_len),
+            (40000, 0xdead_beef, 100)
+        );
+    }
+
+    #[test]
+    fn ipv6_plain_and_with_extension_headers() {
+        let seg = tcp(&Tcp::default());
+        let ev = parse(&eth(0x86dd, &[], &ipv6(&[], 6, &seg))).unwrap();
+        assert_eq!(ev.addrs.family, FAMILY_IPV6);
+        assert_eq!((ev.addrs.saddr, ev.addrs.daddr), (SRC6, DST6));
+        assert_eq!((ev.seq, ev.payload_len, ev.ip_id), (0xdead_beef, 100, 0));
+        assert_eq!(ev.tsval, 0x1234);
+
+        // Hop-by-hop (8), routing (24), destination options (16), AH (16).
+        let chain = [(0, 8), (43, 24), (60, 16), (51, 16)];
+        let ev = parse(&eth(0x86dd, &[], &ipv6(&chain, 6, &seg))).unwrap();
+        assert_eq!(
+            (ev.addrs.dport, ev.seq, ev.payload_len),
+            (5201, 0xdead_beef, 100)
+        );
+
+        // One more than the parser follows.
+        let long = [(0, 8), (60, 8), (60, 8), (60, 8), (60, 8)];
+        assert_eq!(
+            parse(&eth(0x86dd, &[], &ipv6(&long, 6, &seg))),
+            Err(ParseError::Unsupported)
+        );
+        assert_eq!(
+            parse(&eth(0x86dd, &[], &ipv6(&[(50, 8)], 6, &seg))),
+            Err(ParseError::Unsupported)
+        );
+        assert_eq!(
+            parse(&eth(0x86dd, &[], &ipv6(&[], 58, &seg))),
+            Err(ParseError::NonTcp)
+        );
+        assert_eq!(
+            parse(&eth(0x86dd, &[], &ipv6(&[(0, 8)], 17, &seg))),
+            Err(ParseError::NonTcp)
+        );
+    }
+
+    #[test]
+    fn ipv6_fragments() {
+        let seg = tcp(&Tcp::default());
+        let mut first = ipv6(&[(44, 8)], 6, &seg);
+        first[40 + 3] = 1; // M flag, offset 0
+        let ev = parse(&eth(0x86dd, &[], &first)).unwrap();
+        assert_eq!(ev.options & OPT_FIRST_FRAGMENT, OPT_FIRST_FRAGMENT);
+        let mut later = ipv6(&[(44, 8)], 6, &seg);
+        later[40 + 2] = 0x05; // offset 0x05 << 5 = 160 units of 8 bytes
+        assert_eq!(parse(&eth(0x86dd, &[], &later)), Err(ParseError::Fragment));
+    }
+
+    #[test]
+    fn ipv4_fragments() {
+        let seg = tcp(&Tcp::default());
+        let ev = parse(&eth(0x0800, &[], &ipv4(6, 0x2000, &[], &seg))).unwrap();
+        assert_eq!(ev.options & OPT_FIRST_FRAGMENT, OPT_FIRST_FRAGMENT);
+        assert_eq!(
+            parse(&eth(0x0800, &[], &ipv4(6, 0x00b9, &[], &seg[..8]))),
+            Err(ParseError::Fragment)
+        );
+        assert_eq!(
+            parse(&eth(0x0800, &[], &ipv4(6, 0x20b9, &[], &seg[..8]))),
+            Err(ParseError::Fragment)
+        );
+    }
+
+    #[test]
+    fn vlan_and_qinq() {
+        let l3 = ipv4(6, 0, &[], &tcp(&Tcp::default()));
+        let ev = parse(&eth(0x0800, &[(0x8100, 0x2064)], &l3)).unwrap();
+        assert_eq!((ev.vlan, ev.options & OPT_VLAN), (100, OPT_VLAN));
+        assert_eq!(ev.seq, 0xdead_beef);
+        let ev = parse(&eth(0x0800, &[(0x88a8, 0x0fff), (0x8100, 0x0007)], &l3)).unwrap();
+        assert_eq!((ev.vlan, ev.seq), (0xfff, 0xdead_beef));
+        let triple = [(0x88a8, 1), (0x8100, 2), (0x8100, 3)];
+        assert_eq!(
+            parse(&eth(0x0800, &triple, &l3)),
+            Err(ParseError::Unsupported)
+        );
+    }
+
+    #[test]
+    fn sack_blocks_with_and_without_timestamps() {
+        let mut opts = TS.to_vec();
+        opts.extend([1, 1, 5, 26]);
+        for b in [(100u32, 200u32), (300, 400), (500, 600)] {
+            opts.extend(b.0.to_be_bytes());
+            opts.extend(b.1.to_be_bytes());
+        }
+        let t = Tcp {
+            options: opts,
+            payload: 0,
+            ..Tcp::default()
+        };
+        let ev = parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&t)))).unwrap();
+        assert_eq!(ev.sack_count, 3);
+        assert_eq!((ev.sack[0].left, ev.sack[0].right), (100, 200));
+        assert_eq!((ev.sack[2].left, ev.sack[2].right), (500, 600));
+        assert_eq!(ev.tsval, 0x1234);
+
+        let mut opts = vec![1, 1, 5, 34];
+        for i in 0..4u32 {
+            opts.extend((i * 1000).to_be_bytes());
+            opts.extend((i * 1000 + 10).to_be_bytes());
+        }
+        let t = Tcp {
+            options: opts,
+            payload: 0,
+            ..Tcp::default()
+        };
+        let ev = parse(&eth(0x86dd, &[], &ipv6(&[], 6, &tcp(&t)))).unwrap();
+        assert_eq!(ev.sack_count, 4);
+        assert_eq!((ev.sack[3].left, ev.sack[3].right), (3000, 3010));
+        assert_eq!(ev.options & OPT_TIMESTAMP, 0);
+    }
+
+    #[test]
+    fn syn_options_are_walked_to_the_timestamp() {
+        // Linux SYN: MSS, SACK-permitted, TS, NOP, window scale.
+        let opts = vec![
+            2, 4, 0x05, 0xb4, 4, 2, 8, 10, 0, 0, 0, 9, 0, 0, 0, 0, 1, 3, 3, 7,
+        ];
+        let t = Tcp {
+            flags: SYN,
+            options: opts,
+            payload: 0,
+            ..Tcp::default()
+        };
+        let ev = parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&t)))).unwrap();
+        assert_eq!((ev.tcp_flags, ev.tsval, ev.tsecr), (SYN, 9, 0));
+        // macOS-style: MSS NOP WS NOP NOP TS SACK-permitted EOL (8 options).
+        let opts = vec![
+            2, 4, 5, 0xb4, 1, 3, 3, 6, 1, 1, 8, 10, 0, 0, 0, 5, 0, 0, 0, 0, 4, 2, 0, 0,
+        ];
+        let t = Tcp {
+            flags: SYN,
+            options: opts,
+            payload: 0,
+            ..Tcp::default()
+        };
+        assert_eq!(
+            parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&t))))
+                .unwrap()
+                .tsval,
+            5
+        );
+        // EOL stops the walk: a timestamp after it is padding, not an option.
+        let mut opts = vec![0, 0, 0, 0];
+        opts.extend(TS);
+        let t = Tcp {
+            options: opts,
+            ..Tcp::default()
+        };
+        let ev = parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&t)))).unwrap();
+        assert_eq!(ev.options & OPT_TIMESTAMP, 0);
+    }
+
+    #[test]
+    fn option_walk_stops_at_its_bound() {
+        // Eleven NOPs, then a timestamp: beyond MAX_TCP_OPTIONS, not read.
+        let mut opts = vec![1; 11];
+        opts.extend([8, 10, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0]);
+        opts.truncate(24);
+        let t = Tcp {
+            options: opts,
+            ..Tcp::default()
+        };
+        let ev = parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&t)))).unwrap();
+        assert_eq!(ev.options & OPT_TIMESTAMP, 0);
+        assert_eq!(ev.payload_len, 100);
+    }
+
+    #[test]
+    fn truncated_and_malformed_headers() {
+        let frame = eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&Tcp::default())));
+        // Cut inside Ethernet, IPv4, the TCP header and the TCP options.
+        for cut in [10, 20, 40, 50, 60] {
+            assert_eq!(
+                parse(&frame[..cut]),
+                Err(ParseError::Truncated),
+                "cut at {cut}"
+            );
+        }
+        // Data offset below 5 words.
+        let mut bad = frame.clone();
+        bad[14 + 20 + 12] = 4 << 4;
+        assert_eq!(parse(&bad), Err(ParseError::Truncated));
+        // IHL below 5.
+        let mut bad = frame.clone();
+        bad[14] = 0x44;
+        assert_eq!(parse(&bad), Err(ParseError::Truncated));
+        // An option whose length runs past the header.
+        let t = Tcp {
+            options: vec![1, 1, 8, 30],
+            ..Tcp::default()
+        };
+        assert_eq!(
+            parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&t)))),
+            Err(ParseError::Truncated)
+        );
+        // An option length of 1 (would never advance).
+        let t = Tcp {
+            options: vec![3, 1, 0, 0],
+            ..Tcp::default()
+        };
+        assert_eq!(
+            parse(&eth(0x0800, &[], &ipv4(6, 0, &[], &tcp(&t)))),
+            Err(ParseError::Truncated)
+        );
+        // IP total length smaller than the headers it announces.
+        let mut bad = frame.clone();
+        bad[14 + 2..14 + 4].copy_from_slice(&30u16.to_be_bytes());
+        assert_eq!(parse(&bad), Err(ParseError::Truncated));
+    }
+
+    #[test]
+    fn non_tcp_traffic() {
+        assert_eq!(parse(&eth(0x0806, &[], &[0; 28])), Err(ParseError::NonTcp)); // ARP
+        let udp = ipv4(17, 0, &[], &[0; 16]);
+        assert_eq!(parse(&eth(0x0800, &[], &udp)), Err(ParseError::NonTcp));
+        assert_eq!(
+            parse(&eth(0x0800, &[(0x8100, 5)], &udp)),
+            Err(ParseError::NonTcp)
+        );
+    }
+}

@@ -260,6 +260,24 @@ fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: 
     Ok(())
 }
 
+/// Program names of ours, as the kernel stores them (15 characters at most).
+pub const PROGRAM_NAMES: [&str; 3] = ["tag_rx", "tcp_probe", "tcp_retransmit_"];
+
+/// IDs and names of programs with our names loaded in the kernel right now
+/// (ours, or another tracer's).
+pub fn loaded_tracer_programs() -> Result<Vec<(u32, String)>> {
+    let mut found = Vec::new();
+    for info in aya::programs::loaded_programs() {
+        let info = info.context("listing loaded BPF programs")?;
+        if let Some(name) = info.name_as_str() {
+            if PROGRAM_NAMES.contains(&name) {
+                found.push((info.id(), name.to_string()));
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Kernel-side counters (sums over CPUs), indexed by [`tracer_common::counter`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters(pub [u64; counter::COUNT as usize]);

@@ -1,0 +1,178 @@
+//! The foundation, end to end: real programs in this kernel, a real kernel
+//! TCP upload across a multi-queue veth pair, checked against what the
+//! receiving socket got and what iproute2 says the interface has.
+
+use std::time::Duration;
+
+use tests::{coverage, online_cpus, record_upload, root_or_skip, traced_lab};
+use tracer::{
+    kernel::{self, AttachedMode},
+    lab::{self, Topology, UploadSpec},
+    source::Observation,
+};
+use tracer_common::tcp_flags::SYN;
+
+const BYTES: u64 = 50 * 1024 * 1024;
+
+fn clean_upload_is_traced_exactly(ipv6: bool) {
+    let (topo, mut tracer) = traced_lab(4, "").expect("lab and tracer");
+    assert_eq!(
+        tracer.mode,
+        AttachedMode::Native,
+        "veth supports native XDP"
+    );
+    let spec = UploadSpec {
+        flows: 1,
+        bytes_per_flow: BYTES,
+        port: 5201,
+        ipv6,
+        timeout: Duration::from_secs(60),
+    };
+    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let flow = &results[0];
+    assert_eq!(flow.received, BYTES, "the receiver got the whole upload");
+
+    // Nothing lost between kernel and userspace.
+    assert_eq!(
+        outcome.counters.dropped(),
+        0,
+        "no ring-buffer drops at this rate"
+    );
+    assert_eq!(outcome.missing(), 0, "every emitted event was read");
+    assert_eq!(outcome.decode_errors, 0);
+
+    let segments: Vec<_> = seen
+        .0
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Segment(s) if s.flow == flow.flow => Some(s),
+            _ => None,
+        })
+        .collect();
+    let probes: Vec<_> = seen
+        .0
+        .iter()
+        .filter_map(|o| match o {
+            Observation::TcpProbe(p) if p.flow == flow.flow => Some(p),
+            _ => None,
+        })
+        .collect();
+    let syn = segments
+        .iter()
+        .find(|s| s.flags & SYN != 0)
+        .expect("XDP saw the SYN");
+    let first_byte = syn.seq.wrapping_add(1);
+    let offset = |seq: u32| u64::from(seq.wrapping_sub(first_byte));
+
+    // Every byte the socket received is covered by XDP segments, once
+    // (twice only for bytes the sender really retransmitted).
+    let ranges: Vec<_> = segments
+        .iter()
+        .filter(|s| s.payload_len > 0)
+        .map(|s| (offset(s.seq), offset(s.seq) + u64::from(s.payload_len)))
+        .collect();
+    let xdp = coverage(&ranges, BYTES);
+    assert_eq!(xdp.gaps, vec![], "XDP missed payload");
+    assert_eq!(xdp.beyond_end, 0);
+    assert_eq!(xdp.covered_once_or_more, BYTES);
+    assert!(
+        xdp.duplicate_bytes <= u64::from(flow.retransmits) * 1500,
+        "{} bytes seen twice, {} retransmissions",
+        xdp.duplicate_bytes,
+        flow.retransmits
+    );
+    let xdp_sum: u64 = ranges.iter().map(|(a, b)| b - a).sum();
+    assert_eq!(xdp_sum, BYTES + xdp.duplicate_bytes);
+
+    // TCP's receive path processed the same bytes (in GRO-merged runs).
+    let ranges: Vec<_> = probes
+        .iter()
+        .filter(|p| p.payload_len > 0)
+        .map(|p| (offset(p.seq), offset(p.seq) + u64::from(p.payload_len)))
+        .collect();
+    let tcp = coverage(&ranges, BYTES);
+    assert_eq!(tcp.gaps, vec![], "tcp_probe missed payload");
+    assert_eq!(tcp.covered_once_or_more, BYTES);
+    assert!(tcp.duplicate_bytes <= u64::from(flow.retransmits) * 1500);
+    assert!(probes.iter().all(|p| p.srtt_us > 0 && p.rcv_nxt != 0));
+
+    // Queue and CPU values the interface and machine really have.
+    let rx_queues = Topology::rx_queues(&topo.server_ns, lab::SERVER_IF).unwrap();
+    assert_eq!(rx_queues, 4);
+    let cpus = online_cpus();
+    assert!(segments
+        .iter()
+        .all(|s| s.rx_queue < rx_queues && s.cpu < cpus));
+    assert!(probes.iter().all(|p| p.cpu < cpus));
+    assert!(segments.iter().all(|s| s.ifindex == tracer.ifindex));
+    assert!(probes.iter().all(|p| p.ifindex == tracer.ifindex));
+
+    // Header details: Linux sends timestamps; IP ID only exists for IPv4.
+    assert!(segments.iter().all(|s| s.timestamp.is_some()));
+    assert!(segments.iter().all(|s| s.ip_id.is_some() != ipv6));
+
+    // Detach and remove: nothing of ours remains.
+    let server_ns = topo.server_ns.clone();
+    drop(tracer);
+    let link = lab::ip(&["-n", &server_ns, "-d", "link", "show", lab::SERVER_IF]).unwrap();
+    assert!(!link.contains("prog/xdp"), "XDP still attached: {link}");
+    // Tracing links free their program after an RCU grace period, so the
+    // kernel may list it for a moment after the link is gone.
+    assert_eq!(wait_for_unload(), vec![]);
+    drop(topo);
+    assert!(!lab::lab_namespaces().contains(&server_ns));
+}
+
+fn wait_for_unload() -> Vec<(u32, String)> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = kernel::loaded_tracer_programs().unwrap();
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn ipv4_upload_is_traced_exactly() {
+    if root_or_skip("ipv4_upload_is_traced_exactly") {
+        clean_upload_is_traced_exactly(false);
+    }
+}
+
+#[test]
+fn ipv6_upload_is_traced_exactly() {
+    if root_or_skip("ipv6_upload_is_traced_exactly") {
+        clean_upload_is_traced_exactly(true);
+    }
+}
+
+#[test]
+fn filter_keeps_other_flows_out_of_the_ring() {
+    if !root_or_skip("filter_keeps_other_flows_out_of_the_ring") {
+        return;
+    }
+    let (topo, mut tracer) = traced_lab(2, "port 5999").expect("lab and tracer");
+    let spec = UploadSpec {
+        flows: 2,
+        bytes_per_flow: 4 << 20,
+        port: 5201,
+        ipv6: false,
+        timeout: Duration::from_secs(30),
+    };
+    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    assert!(results.iter().all(|r| r.received == 4 << 20));
+    assert!(
+        seen.0.is_empty(),
+        "{} observations passed the filter",
+        seen.0.len()
+    );
+    let c = outcome.counters;
+    use tracer_common::counter::*;
+    assert!(c.get(XDP_FILTERED) > 0);
+    assert_eq!(c.get(XDP_FILTERED), c.get(XDP_TCP));
+    assert_eq!(c.get(XDP_EMITTED), 0);
+    assert!(c.get(PROBE_FILTERED) > 0);
+    assert_eq!(c.get(PROBE_EMITTED), 0);
+}

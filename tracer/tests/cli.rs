@@ -1,0 +1,252 @@
+//! The `tracer` binary as a user runs it: bad input gets one clear line and
+//! exit code 2 with nothing attached; a real recording ends cleanly on its
+//! duration and on SIGINT; a SIGKILLed tracer leaves nothing attached.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Output, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use tracer::{
+    kernel,
+    lab::{self, Topology, TopologyOptions, Upload, UploadSpec},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tracer");
+
+fn root_or_skip(test: &str) -> bool {
+    let root = tracer::require_root().is_ok();
+    if !root {
+        eprintln!("{test}: skipped: needs root");
+    }
+    root
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run tracer")
+}
+
+/// Waits until none of our programs is loaded (tracing links release their
+/// program after an RCU grace period).
+fn nothing_loaded() -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if kernel::loaded_tracer_programs().unwrap().is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+#[test]
+fn bad_input_gets_one_line_and_exit_2() {
+    if !root_or_skip("bad_input_gets_one_line_and_exit_2") {
+        return;
+    }
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["record", "--iface", "nosuch0"],
+            "no interface named 'nosuch0'",
+        ),
+        (
+            &["record", "--iface", "lo", "--netns", "nosuch-ns"],
+            "cannot enter network namespace 'nosuch-ns'",
+        ),
+        (
+            &["record", "--iface", "lo", "--filter", "port x"],
+            "bad --filter: 'x' is not a port",
+        ),
+        (
+            &["record", "--iface", "lo", "--filter", "net 10.0.0.0/40"],
+            "prefix length",
+        ),
+        (
+            &[
+                "record",
+                "--iface",
+                "lo",
+                "--out",
+                "/nonexistent/dir/t.jsonl",
+            ],
+            "cannot write output file '/nonexistent/dir/t.jsonl'",
+        ),
+        (
+            &["record", "--iface", "lo", "--duration=-1"],
+            "--duration -1",
+        ),
+        (
+            &["record", "--iface", "lo", "--duration", "1e9"],
+            "between 0 and 86400",
+        ),
+        (
+            &["record", "--iface", "lo", "--ring-mib", "3"],
+            "power of two",
+        ),
+        (&["lab", "--flows", "0"], "--flows 0"),
+        (&["lab", "--bytes", "lots"], "not a size"),
+    ];
+    for (args, needle) in cases {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        if !needle.contains("size") {
+            // clap's own usage errors print a usage block; ours are one line.
+            assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+        }
+        assert!(nothing_loaded(), "{args:?} left programs loaded");
+    }
+}
+
+#[test]
+fn not_root_is_told_how_to_rerun() {
+    if !root_or_skip("not_root_is_told_how_to_rerun") {
+        return;
+    }
+    let out = Command::new("runuser")
+        .args(["-u", "nobody", "--", BIN, "record", "--iface", "lo"])
+        .output()
+        .expect("runuser");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("needs root: rerun as root"), "{stderr}");
+}
+
+/// Starts `tracer record` on the lab's server side and waits until it says
+/// it is tracing. Returns the child and the stderr lines after that one.
+fn start_record(topo: &Topology, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .args([
+            "record",
+            "--iface",
+            lab::SERVER_IF,
+            "--netns",
+            &topo.server_ns,
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tracer");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("tracer started");
+    assert!(
+        first.starts_with("tracing TCP received on veth-s"),
+        "{first}"
+    );
+    (child, rx)
+}
+
+fn upload(topo: &Topology, bytes: u64) -> Upload {
+    Upload::start(
+        topo,
+        &UploadSpec {
+            flows: 1,
+            bytes_per_flow: bytes,
+            port: 5201,
+            ipv6: false,
+            timeout: Duration::from_secs(30),
+        },
+    )
+    .expect("upload")
+}
+
+#[test]
+fn record_writes_json_lines_and_ends_on_its_duration() {
+    if !root_or_skip("record_writes_json_lines_and_ends_on_its_duration") {
+        return;
+    }
+    let topo = Topology::create(&TopologyOptions::default()).unwrap();
+    let dir = std::env::temp_dir().join(format!("tracer-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("trace.jsonl");
+    let (child, _stderr) = start_record(
+        &topo,
+        &[
+            "--duration",
+            "3",
+            "--quiet",
+            "--out",
+            path.to_str().unwrap(),
+        ],
+    );
+    let up = upload(&topo, 8 << 20);
+    let out = child.wait_with_output().unwrap();
+    let result = up.join().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("(duration reached)"), "{stdout}");
+    assert!(stdout.contains("dropped    0 events"), "{stdout}");
+
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("valid JSON line"))
+        .collect();
+    let wrote = format!("wrote      {} observations", lines.len());
+    assert!(stdout.contains(&wrote), "{wrote} not in {stdout}");
+    // The file holds the whole upload's payload, as the receiver counted it.
+    let src = result[0].flow.src.to_string();
+    let payload: u64 = lines
+        .iter()
+        .filter(|l| l["kind"] == "segment" && l["flow"]["src"] == src.as_str())
+        .map(|l| l["payload_len"].as_u64().unwrap())
+        .sum();
+    assert_eq!(payload, result[0].received);
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(nothing_loaded());
+}
+
+#[test]
+fn sigint_ends_with_a_summary_and_sigkill_leaves_nothing_attached() {
+    if !root_or_skip("sigint_ends_with_a_summary_and_sigkill_leaves_nothing_attached") {
+        return;
+    }
+    let topo = Topology::create(&TopologyOptions::default()).unwrap();
+    let xdp_attached = || {
+        lab::ip(&["-n", &topo.server_ns, "-d", "link", "show", lab::SERVER_IF])
+            .unwrap()
+            .contains("prog/xdp")
+    };
+
+    let (child, _stderr) = start_record(&topo, &[]);
+    assert!(xdp_attached());
+    let up = upload(&topo, 4 << 20);
+    up.join().unwrap();
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("(SIGINT)"), "{stdout}");
+    assert!(stdout.contains("busiest flows"), "{stdout}");
+    assert!(!xdp_attached());
+    assert!(nothing_loaded());
+
+    let (mut child, _stderr) = start_record(&topo, &[]);
+    assert!(xdp_attached());
+    child.kill().unwrap(); // SIGKILL: no destructor runs
+    child.wait().unwrap();
+    assert!(
+        !xdp_attached(),
+        "a killed tracer must not leave XDP attached"
+    );
+    assert!(
+        nothing_loaded(),
+        "a killed tracer must not leave programs loaded"
+    );
+}
