@@ -1,1 +1,200 @@
-fn main() {}
+//! `cargo xtask setup | build-and-run | test`: the project's own tasks.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Check and install what building and testing need (idempotent).
+    Setup,
+    /// Set up if needed, build in release mode, and run `tracer ARGS` as root
+    /// (no ARGS: `tracer lab`, a traced upload between two namespaces).
+    BuildAndRun {
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Unit tests plus the root-only kernel integration tests, serialised.
+    Test {
+        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+}
+
+/// The bpf-linker release that builds against the preinstalled nightly's
+/// own LLVM (newer ones want a newer LLVM than the nightly ships).
+const BPF_LINKER: &str = "bpf-linker@0.10.3";
+/// Debian packages the tracer and its tests call: `ip`/`ss`/`nstat`,
+/// `bpftool` (an independent BTF reader in a unit test), `runuser` (the
+/// not-root test) and `ethtool`.
+const APT_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux", "ethtool"];
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Task::Setup => setup().map(|()| ExitCode::SUCCESS),
+        Task::BuildAndRun { args } => build_and_run(args),
+        Task::Test { args } => test(&args),
+    }
+}
+
+fn root_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Runs a command, failing with its name if it does not succeed.
+fn sh(cmd: &mut Command) -> Result<()> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    let status = cmd
+        .current_dir(root_dir())
+        .status()
+        .with_context(|| format!("cannot run {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    Ok(())
+}
+
+/// The cargo running us (`cargo xtask` sets CARGO), else the one on PATH.
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.output().is_ok_and(|o| o.status.success())
+}
+
+fn setup() -> Result<()> {
+    // rust-src for the nightly toolchain: aya-build builds `core` for bpf.
+    let components = Command::new("rustup")
+        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .output()
+        .context("cannot run rustup (install it from https://rustup.rs)")?;
+    if !components.status.success() {
+        bail!("no nightly toolchain: install it with `rustup toolchain install nightly` and rerun");
+    }
+    if String::from_utf8_lossy(&components.stdout)
+        .lines()
+        .any(|l| l.starts_with("rust-src"))
+    {
+        println!("setup: rust-src (nightly): present");
+    } else {
+        sh(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))?;
+        println!("setup: rust-src (nightly): installed");
+    }
+
+    // bpf-linker links the eBPF object.
+    if succeeds(Command::new("bpf-linker").arg("--version")) {
+        println!("setup: bpf-linker: present");
+    } else {
+        sh(cargo().args(["install", BPF_LINKER, "--locked"]))?;
+        if !succeeds(Command::new("bpf-linker").arg("--version")) {
+            bail!("installed {BPF_LINKER}, but it is not on PATH: add ~/.cargo/bin to PATH");
+        }
+        println!("setup: bpf-linker: installed ({BPF_LINKER})");
+    }
+
+    // Debian packages.
+    let missing: Vec<&str> = APT_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !succeeds(Command::new("dpkg").args(["-s", p])))
+        .collect();
+    if missing.is_empty() {
+        println!("setup: apt packages ({}): present", APT_PACKAGES.join(", "));
+    } else if !is_root() {
+        bail!(
+            "missing packages {}: as root run `apt-get update && apt-get install -y {}`, then rerun",
+            missing.join(", "),
+            missing.join(" ")
+        );
+    } else {
+        sh(Command::new("apt-get").arg("update").arg("-q"))?;
+        sh(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))?;
+        println!("setup: apt packages: installed {}", missing.join(", "));
+    }
+    Ok(())
+}
+
+fn build_and_run(args: Vec<String>) -> Result<ExitCode> {
+    setup()?;
+    sh(cargo().args(["build", "--release", "--package", "tracer"]))?;
+    let bin = root_dir().join("target/release/tracer");
+    let args = if args.is_empty() {
+        vec!["lab".to_string()]
+    } else {
+        args
+    };
+    if !is_root() {
+        let line = format!("{} {}", bin.display(), args.join(" "));
+        eprintln!("xtask: built. Loading eBPF programs needs root; rerun as root:");
+        eprintln!("    su -c '{line}'");
+        return Ok(ExitCode::from(2));
+    }
+    println!("xtask: running {} {}", bin.display(), args.join(" "));
+    let status = Command::new(&bin)
+        .args(&args)
+        .status()
+        .context("running tracer")?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(c as u8),
+        None => ExitCode::FAILURE,
+    })
+}
+
+fn test(extra: &[String]) -> Result<ExitCode> {
+    if !is_root() {
+        println!("xtask: not root: the kernel integration tests will say `skipped: needs root`");
+    }
+    // The parser compiles for the host too; its unit tests run here.
+    sh(cargo().args(["test", "--package", "tracer-ebpf", "--lib"]))?;
+    // Default members: tracer (unit + CLI tests), tracer-common, xtask, and
+    // the kernel integration tests. One test at a time: they load programs
+    // and create namespaces, and share the machine's two cores.
+    sh(cargo()
+        .arg("test")
+        .args(extra)
+        .args(["--", "--test-threads=1"]))?;
+    Ok(ExitCode::SUCCESS)
+}
