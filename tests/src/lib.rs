@@ -36,22 +36,19 @@ pub fn record_upload(
     tracer: &mut Tracer,
     spec: &UploadSpec,
 ) -> Result<(Outcome, Collect, Vec<FlowResult>)> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let upload = Upload::start(topo, spec)?;
     let mut collect = Collect::default();
     let mut stats = TrafficStats::default();
-    let outcome = rt.block_on(record::run(
+    let outcome = record::run(
         tracer,
         &mut stats,
         &mut [&mut collect],
-        upload.wait(),
+        || upload.finished(),
         &RecordOptions {
             duration: Some(spec.timeout + Duration::from_secs(5)),
             progress: false,
         },
-    ))?;
+    )?;
     let results = upload.join()?;
     Ok((outcome, collect, results))
 }

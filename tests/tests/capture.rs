@@ -126,7 +126,7 @@ fn clean_upload_is_traced_exactly(ipv6: bool) {
 fn wait_for_unload() -> Vec<(u32, String)> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let left = kernel::loaded_tracer_programs().unwrap();
+        let left = kernel::loaded_tracer_programs();
         if left.is_empty() || std::time::Instant::now() > deadline {
             return left;
         }

@@ -271,13 +271,6 @@ impl Upload {
         self.remaining.load(Ordering::SeqCst) == 0
     }
 
-    /// Resolves when [`Upload::finished`].
-    pub async fn wait(&self) {
-        while !self.finished() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
     }

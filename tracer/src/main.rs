@@ -76,10 +76,10 @@ struct LabArgs {
     #[arg(long, default_value_t = 4)]
     flows: usize,
     /// Bytes per connection (suffixes k, M, G).
-    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    #[arg(long, default_value = "1G", value_parser = parse_size)]
     bytes: u64,
     /// Upper bound on the transfer, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 20.0)]
+    #[arg(long, value_name = "SECS", default_value_t = 8.0)]
     duration: f64,
     /// Use IPv6 instead of IPv4.
     #[arg(long)]
@@ -125,23 +125,10 @@ fn ring_bytes(mib: u32) -> Result<u32, SetupError> {
 
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tracer: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let result = match Cli::parse().command {
+        Command::Record(args) => record_cmd(args),
+        Command::Lab(args) => lab_cmd(args),
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Record(args) => record_cmd(args).await,
-            Command::Lab(args) => lab_cmd(args).await,
-        }
-    });
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -162,7 +149,7 @@ fn open_outputs(trace: &TraceArgs) -> Result<Option<JsonLines>> {
     Ok(trace.out.as_deref().map(JsonLines::create).transpose()?)
 }
 
-async fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
+fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
     let filter = Filter::parse(args.filter.as_deref().unwrap_or(""))?;
     let duration = args
         .duration
@@ -193,11 +180,10 @@ async fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
         &mut tracer,
         &mut stats,
         out.as_mut(),
-        std::future::pending(),
+        || false,
         duration,
         !args.trace.quiet,
-    )
-    .await?;
+    )?;
     drop(tracer);
     print!(
         "{}",
@@ -206,11 +192,11 @@ async fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
     finish(&outcome, out.as_ref())
 }
 
-async fn collect(
+fn collect(
     tracer: &mut Tracer,
     stats: &mut TrafficStats,
     out: Option<&mut JsonLines>,
-    until: impl std::future::Future<Output = ()>,
+    until: impl FnMut() -> bool,
     duration: Option<Duration>,
     progress: bool,
 ) -> Result<Outcome> {
@@ -225,7 +211,6 @@ async fn collect(
         until,
         &RecordOptions { duration, progress },
     )
-    .await
 }
 
 fn header(opts: &TracerOptions, o: &Outcome) -> String {
@@ -264,7 +249,7 @@ fn finish(outcome: &Outcome, out: Option<&JsonLines>) -> Result<ExitCode> {
     })
 }
 
-async fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
+fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let timeout = seconds("--duration", args.duration)?;
     if args.flows == 0 || args.flows > 256 {
         return Err(SetupError::BadArgument(format!(
@@ -317,11 +302,10 @@ async fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         &mut tracer,
         &mut stats,
         out.as_mut(),
-        upload.wait(),
+        || upload.finished(),
         Some(timeout + Duration::from_secs(1)),
         !args.trace.quiet,
-    )
-    .await;
+    );
     upload.stop();
     let results = upload.join();
     drop(tracer);

@@ -1,19 +1,18 @@
 //! The collection loop: drain the ring buffer into sinks until the duration
-//! ends, a signal arrives or the caller's condition completes, printing a
+//! ends, a signal arrives or the caller's condition holds, printing a
 //! progress line every second.
+//!
+//! A plain poll(2) loop: the ring can refill as fast as it drains, and the
+//! loop must still notice Ctrl-C and the clock between batches (an async
+//! runtime whose fd stays ready never got back to its timers and signals).
 
 use std::{
-    future::Future,
     os::fd::AsRawFd,
+    sync::atomic::{AtomicI32, Ordering},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
-use tokio::{
-    io::{unix::AsyncFd, Interest},
-    signal::unix::{signal, SignalKind},
-    time::{interval, sleep, MissedTickBehavior},
-};
 
 use crate::{
     kernel::{Counters, Tracer},
@@ -44,7 +43,7 @@ impl Sink for Collect {
 pub enum StopReason {
     Duration,
     Signal(&'static str),
-    /// The caller's `until` future completed (e.g. the lab's transfer ended).
+    /// The caller's `until()` said so (e.g. the lab's transfer ended).
     Finished,
 }
 
@@ -58,7 +57,7 @@ pub struct RecordOptions {
 pub struct Outcome {
     pub stop: StopReason,
     pub elapsed: Duration,
-    /// Kernel counters accumulated during this run.
+    /// Kernel counters since the programs were loaded.
     pub counters: Counters,
     /// Records read from the ring buffer.
     pub received: u64,
@@ -73,71 +72,147 @@ impl Outcome {
     }
 }
 
-/// Drains `tracer` until the duration, a SIGINT/SIGTERM or `until`.
-pub async fn run(
+/// Drains `tracer` until the duration, a SIGINT/SIGTERM or `until()`.
+pub fn run(
     tracer: &mut Tracer,
     stats: &mut TrafficStats,
     sinks: &mut [&mut dyn Sink],
-    until: impl Future<Output = ()>,
+    mut until: impl FnMut() -> bool,
     opts: &RecordOptions,
 ) -> Result<Outcome> {
+    let signals = StopSignals::install()?;
     let start = Instant::now();
-    let base = tracer.counters()?;
-    // SAFETY: the ring's fd stays open while `tracer` is borrowed, which
-    // outlives `ring_fd` (dropped when this function returns).
-    let ring_fd =
-        unsafe { AsyncFd::register_with_interest(tracer.ring().as_raw_fd(), Interest::READABLE) }
-            .map_err(|e| anyhow::anyhow!("{e}"))
-            .context("polling the ring buffer")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut tick = interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    tick.tick().await;
-    let deadline = sleep(opts.duration.unwrap_or(Duration::from_secs(u64::MAX / 4)));
-    tokio::pin!(deadline, until);
-
+    let deadline = opts.duration.map(|d| start + d);
+    let mut last_tick = start;
     let mut received = 0u64;
     let mut decode_errors = 0u64;
-    let mut last_tick = start;
     let stop = loop {
-        tokio::select! {
-            ready = ring_fd.readable() => {
-                let mut guard = ready.context("waiting for the ring buffer")?;
-                drain(tracer, stats, sinks, &mut received, &mut decode_errors);
-                guard.clear_ready();
+        if let Some(name) = signals.received() {
+            break StopReason::Signal(name);
+        }
+        if until() {
+            break StopReason::Finished;
+        }
+        let now = Instant::now();
+        if deadline.is_some_and(|d| now >= d) {
+            break StopReason::Duration;
+        }
+        if now >= last_tick + TICK {
+            for sink in sinks.iter_mut() {
+                sink.flush()?;
             }
-            _ = tick.tick() => {
-                drain(tracer, stats, sinks, &mut received, &mut decode_errors);
-                for sink in sinks.iter_mut() {
-                    sink.flush()?;
-                }
-                if opts.progress {
-                    let now = Instant::now();
-                    let counters = tracer.counters()?.since(&base);
-                    eprintln!("{}", stats.progress_line(now - start, now - last_tick, &counters));
-                    last_tick = now;
-                }
+            if opts.progress {
+                let counters = tracer.counters()?;
+                eprintln!(
+                    "{}",
+                    stats.progress_line(now - start, now - last_tick, &counters)
+                );
             }
-            _ = sigint.recv() => break StopReason::Signal("SIGINT"),
-            _ = sigterm.recv() => break StopReason::Signal("SIGTERM"),
-            _ = &mut deadline => break StopReason::Duration,
-            _ = &mut until => break StopReason::Finished,
+            last_tick = now;
+        }
+        if drain(tracer, stats, sinks, &mut received, &mut decode_errors) {
+            wait_readable(tracer, POLL_TIMEOUT)?;
         }
     };
-    // What the kernel wrote before we stopped is still ours to record.
-    drain(tracer, stats, sinks, &mut received, &mut decode_errors);
+    // What the kernel wrote before we stopped is still ours to record. The
+    // programs are still attached, so stop at an empty ring or a time bound.
+    let final_drain = Instant::now();
+    while !drain(tracer, stats, sinks, &mut received, &mut decode_errors)
+        && final_drain.elapsed() < FINAL_DRAIN_LIMIT
+    {}
     for sink in sinks.iter_mut() {
         sink.flush()?;
     }
     Ok(Outcome {
         stop,
         elapsed: start.elapsed(),
-        counters: tracer.counters()?.since(&base),
+        counters: tracer.counters()?,
         received,
         decode_errors,
     })
 }
+
+const TICK: Duration = Duration::from_secs(1);
+/// Longest sleep on an empty ring: the latency of noticing `until()`.
+const POLL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Sleeps until the ring has data, a signal arrives, or `timeout`.
+fn wait_readable(tracer: &mut Tracer, timeout: Duration) -> Result<()> {
+    let mut fd = libc::pollfd {
+        fd: tracer.ring().as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as i32) };
+    if n < 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).context("polling the ring buffer");
+        }
+    }
+    Ok(())
+}
+
+/// The last SIGINT/SIGTERM seen while a [`StopSignals`] guard is installed.
+static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn note_signal(sig: libc::c_int) {
+    LAST_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// SIGINT and SIGTERM stop the loop instead of the process while alive;
+/// the previous dispositions come back on drop.
+struct StopSignals {
+    previous: [(libc::c_int, libc::sigaction); 2],
+}
+
+impl StopSignals {
+    fn install() -> Result<Self> {
+        LAST_SIGNAL.store(0, Ordering::SeqCst);
+        let mut previous = [
+            (libc::SIGINT, unsafe { std::mem::zeroed() }),
+            (libc::SIGTERM, unsafe { std::mem::zeroed() }),
+        ];
+        for (sig, old) in previous.iter_mut() {
+            // SAFETY: a handler that only stores to an atomic; `old` is
+            // written by the kernel.
+            unsafe {
+                let mut action: libc::sigaction = std::mem::zeroed();
+                action.sa_sigaction = note_signal as *const () as usize;
+                libc::sigemptyset(&mut action.sa_mask);
+                if libc::sigaction(*sig, &action, old) != 0 {
+                    return Err(std::io::Error::last_os_error())
+                        .context("installing signal handlers");
+                }
+            }
+        }
+        Ok(Self { previous })
+    }
+
+    fn received(&self) -> Option<&'static str> {
+        match LAST_SIGNAL.load(Ordering::SeqCst) {
+            libc::SIGINT => Some("SIGINT"),
+            libc::SIGTERM => Some("SIGTERM"),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for StopSignals {
+    fn drop(&mut self) {
+        for (sig, old) in &self.previous {
+            // SAFETY: restoring what sigaction gave us.
+            unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
+        }
+    }
+}
+
+/// Records handled per wake-up before going back to the timers and signals:
+/// a ring that refills as fast as it drains must not starve Ctrl-C.
+const DRAIN_BATCH: usize = 65_536;
+/// Longest the last drain after a stop may take under continuing traffic.
+const FINAL_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 fn drain(
     tracer: &mut Tracer,
@@ -145,9 +220,12 @@ fn drain(
     sinks: &mut [&mut dyn Sink],
     received: &mut u64,
     decode_errors: &mut u64,
-) {
+) -> bool {
     let ring = tracer.ring();
-    while let Some(record) = ring.next() {
+    for _ in 0..DRAIN_BATCH {
+        let Some(record) = ring.next() else {
+            return true;
+        };
         *received += 1;
         match source::decode(&record) {
             Ok(obs) => {
@@ -164,4 +242,5 @@ fn drain(
             }
         }
     }
+    false
 }

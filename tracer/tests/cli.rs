@@ -33,7 +33,7 @@ fn run(args: &[&str]) -> Output {
 fn nothing_loaded() -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if kernel::loaded_tracer_programs().unwrap().is_empty() {
+        if kernel::loaded_tracer_programs().is_empty() {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20));

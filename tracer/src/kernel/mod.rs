@@ -265,17 +265,18 @@ pub const PROGRAM_NAMES: [&str; 3] = ["tag_rx", "tcp_probe", "tcp_retransmit_"];
 
 /// IDs and names of programs with our names loaded in the kernel right now
 /// (ours, or another tracer's).
-pub fn loaded_tracer_programs() -> Result<Vec<(u32, String)>> {
+pub fn loaded_tracer_programs() -> Vec<(u32, String)> {
     let mut found = Vec::new();
-    for info in aya::programs::loaded_programs() {
-        let info = info.context("listing loaded BPF programs")?;
+    // An entry can fail when its program is freed between listing its id
+    // and opening it (programs come and go); such a program is gone anyway.
+    for info in aya::programs::loaded_programs().filter_map(Result::ok) {
         if let Some(name) = info.name_as_str() {
             if PROGRAM_NAMES.contains(&name) {
                 found.push((info.id(), name.to_string()));
             }
         }
     }
-    Ok(found)
+    found
 }
 
 /// Kernel-side counters (sums over CPUs), indexed by [`tracer_common::counter`].
@@ -299,14 +300,6 @@ impl Counters {
         self.get(counter::XDP_EMITTED)
             + self.get(counter::PROBE_EMITTED)
             + self.get(counter::RTX_EMITTED)
-    }
-
-    pub fn since(&self, earlier: &Counters) -> Counters {
-        let mut d = *self;
-        for (now, then) in d.0.iter_mut().zip(earlier.0) {
-            *now = now.saturating_sub(then);
-        }
-        d
     }
 
     /// (name, value) of every counter, for reports.
