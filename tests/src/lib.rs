@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::Result;
 use tracer::{
-    kernel::{Tracer, TracerOptions},
+    kernel::{Tracer, TracerOptions, XdpModeChoice},
     lab::{self, FlowResult, Topology, Upload, UploadSpec},
     record::{self, Collect, Outcome, RecordOptions},
     report::TrafficStats,
@@ -20,11 +20,28 @@ pub fn root_or_skip(test: &str) -> bool {
     false
 }
 
-/// A lab topology with the tracer attached to the server side.
-pub fn traced_lab(queues: u32, filter: &str) -> Result<(Topology, Tracer)> {
+/// Where in the lab the tracer is attached.
+#[derive(Clone, Copy)]
+pub enum Side {
+    Server,
+    Client,
+}
+
+/// A lab topology with the tracer attached to one side.
+pub fn traced_lab(
+    queues: u32,
+    side: Side,
+    mode: XdpModeChoice,
+    filter: &str,
+) -> Result<(Topology, Tracer)> {
     let topo = Topology::create(&lab::TopologyOptions { queues })?;
-    let mut opts = TracerOptions::new(lab::SERVER_IF);
-    opts.netns = Some(topo.server_ns.clone());
+    let (iface, ns) = match side {
+        Side::Server => (lab::SERVER_IF, &topo.server_ns),
+        Side::Client => (lab::CLIENT_IF, &topo.client_ns),
+    };
+    let mut opts = TracerOptions::new(iface);
+    opts.netns = Some(ns.clone());
+    opts.xdp_mode = mode;
     opts.filter = tracer::Filter::parse(filter)?;
     let tracer = Tracer::attach(&opts)?;
     Ok((topo, tracer))

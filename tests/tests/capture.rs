@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use tests::{coverage, online_cpus, record_upload, root_or_skip, traced_lab};
+use tests::{coverage, online_cpus, record_upload, root_or_skip, traced_lab, Side};
 use tracer::{
-    kernel::{self, AttachedMode},
+    kernel::{self, AttachedMode, XdpModeChoice},
     lab::{self, Topology, UploadSpec},
     source::Observation,
 };
@@ -14,13 +14,13 @@ use tracer_common::tcp_flags::SYN;
 
 const BYTES: u64 = 50 * 1024 * 1024;
 
-fn clean_upload_is_traced_exactly(ipv6: bool) {
-    let (topo, mut tracer) = traced_lab(4, "").expect("lab and tracer");
-    assert_eq!(
-        tracer.mode,
-        AttachedMode::Native,
-        "veth supports native XDP"
-    );
+fn clean_upload_is_traced_exactly(ipv6: bool, mode: XdpModeChoice) {
+    let (topo, mut tracer) = traced_lab(4, Side::Server, mode, "").expect("lab and tracer");
+    let expected = match mode {
+        XdpModeChoice::Generic => AttachedMode::Generic,
+        _ => AttachedMode::Native, // veth supports native XDP
+    };
+    assert_eq!(tracer.mode, expected);
     let spec = UploadSpec {
         flows: 1,
         bytes_per_flow: BYTES,
@@ -137,14 +137,23 @@ fn wait_for_unload() -> Vec<(u32, String)> {
 #[test]
 fn ipv4_upload_is_traced_exactly() {
     if root_or_skip("ipv4_upload_is_traced_exactly") {
-        clean_upload_is_traced_exactly(false);
+        clean_upload_is_traced_exactly(false, XdpModeChoice::Auto);
     }
 }
 
 #[test]
 fn ipv6_upload_is_traced_exactly() {
     if root_or_skip("ipv6_upload_is_traced_exactly") {
-        clean_upload_is_traced_exactly(true);
+        clean_upload_is_traced_exactly(true, XdpModeChoice::Auto);
+    }
+}
+
+/// Generic XDP runs on the skb, before GRO but after the peer's GSO: it sees
+/// super-packets, whose payload lengths must add up all the same.
+#[test]
+fn generic_xdp_upload_is_traced_exactly() {
+    if root_or_skip("generic_xdp_upload_is_traced_exactly") {
+        clean_upload_is_traced_exactly(false, XdpModeChoice::Generic);
     }
 }
 
@@ -153,7 +162,7 @@ fn filter_keeps_other_flows_out_of_the_ring() {
     if !root_or_skip("filter_keeps_other_flows_out_of_the_ring") {
         return;
     }
-    let (topo, mut tracer) = traced_lab(2, "port 5999").expect("lab and tracer");
+    use tracer_common::counter::*;
     let spec = UploadSpec {
         flows: 2,
         bytes_per_flow: 4 << 20,
@@ -161,6 +170,9 @@ fn filter_keeps_other_flows_out_of_the_ring() {
         ipv6: false,
         timeout: Duration::from_secs(30),
     };
+    // Another port: nothing reaches the ring, everything is counted.
+    let (topo, mut tracer) =
+        traced_lab(2, Side::Server, XdpModeChoice::Auto, "port 5999").expect("lab and tracer");
     let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     assert!(results.iter().all(|r| r.received == 4 << 20));
     assert!(
@@ -169,10 +181,142 @@ fn filter_keeps_other_flows_out_of_the_ring() {
         seen.0.len()
     );
     let c = outcome.counters;
-    use tracer_common::counter::*;
     assert!(c.get(XDP_FILTERED) > 0);
     assert_eq!(c.get(XDP_FILTERED), c.get(XDP_TCP));
     assert_eq!(c.get(XDP_EMITTED), 0);
     assert!(c.get(PROBE_FILTERED) > 0);
     assert_eq!(c.get(PROBE_EMITTED), 0);
+    drop((tracer, topo));
+
+    // The client's address and the port: both flows, both directions.
+    let filter = format!("host {} and port 5201", lab::CLIENT_V4);
+    let (topo, mut tracer) =
+        traced_lab(2, Side::Server, XdpModeChoice::Auto, &filter).expect("lab and tracer");
+    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    assert_eq!(outcome.counters.get(XDP_FILTERED), 0);
+    for r in &results {
+        let payload: u64 = seen
+            .0
+            .iter()
+            .filter_map(|o| match o {
+                Observation::Segment(s) if s.flow == r.flow => Some(u64::from(s.payload_len)),
+                _ => None,
+            })
+            .sum();
+        assert!(
+            payload >= r.received,
+            "{}: traced {payload} of {}",
+            r.flow,
+            r.received
+        );
+    }
+    drop((tracer, topo));
+
+    // An IPv6 prefix the IPv4 upload is not in.
+    let (topo, mut tracer) =
+        traced_lab(2, Side::Server, XdpModeChoice::Auto, "net fd77::/64").expect("lab and tracer");
+    let (outcome, seen, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    assert!(seen.0.is_empty());
+    assert_eq!(
+        outcome.counters.get(XDP_FILTERED),
+        outcome.counters.get(XDP_TCP)
+    );
+}
+
+/// The sender's side: forced drops make the client retransmit; the
+/// retransmissions traced by `tcp_retransmit_skb` add up to the bytes the
+/// sending socket itself says it retransmitted (`tcpi_bytes_retrans`), and
+/// XDP sees the receiver's SACK blocks in the returning ACKs.
+#[test]
+fn local_retransmissions_match_the_senders_own_count() {
+    if !root_or_skip("local_retransmissions_match_the_senders_own_count") {
+        return;
+    }
+    let (topo, mut tracer) =
+        traced_lab(2, Side::Client, XdpModeChoice::Auto, "").expect("lab and tracer");
+    // Every 150th data segment into the server is dropped after the wire,
+    // before TCP: the server SACKs around the hole, the client retransmits.
+    lab::ip(&[
+        "netns",
+        "exec",
+        &topo.server_ns,
+        "iptables",
+        "-A",
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        "5201",
+        "-m",
+        "length",
+        "--length",
+        "1000:65535",
+        "-m",
+        "statistic",
+        "--mode",
+        "nth",
+        "--every",
+        "150",
+        "--packet",
+        "0",
+        "-j",
+        "DROP",
+    ])
+    .expect("iptables rule");
+    let spec = UploadSpec {
+        flows: 1,
+        bytes_per_flow: 16 << 20,
+        port: 5201,
+        ipv6: false,
+        timeout: Duration::from_secs(60),
+    };
+    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let flow = &results[0];
+    assert_eq!(flow.received, 16 << 20);
+    assert_eq!(outcome.counters.dropped(), 0);
+    assert!(
+        flow.bytes_retrans > 0,
+        "the drop rule forced no retransmission"
+    );
+
+    let rtx: Vec<_> = seen
+        .0
+        .iter()
+        .filter_map(|o| match o {
+            Observation::Retransmit(r) if r.flow == flow.flow => Some(r),
+            _ => None,
+        })
+        .collect();
+    let traced: u64 = rtx
+        .iter()
+        .filter(|r| r.err == 0)
+        .map(|r| {
+            let control = u32::from(r.flags & (SYN | tracer_common::tcp_flags::FIN) != 0);
+            u64::from(r.end_seq.wrapping_sub(r.seq).wrapping_sub(control))
+        })
+        .sum();
+    assert_eq!(
+        traced,
+        flow.bytes_retrans,
+        "{} retransmit events",
+        rtx.len()
+    );
+    eprintln!(
+        "{} retransmit events, {traced} bytes; tcpi_bytes_retrans {}, tcpi_total_retrans {}",
+        rtx.len(),
+        flow.bytes_retrans,
+        flow.retransmits
+    );
+
+    // ACKs coming back to the client carry SACK blocks above the holes.
+    let sacks = seen
+        .0
+        .iter()
+        .filter(|o| matches!(o, Observation::Segment(s) if s.flow == flow.flow.reversed() && !s.sack.is_empty()))
+        .count();
+    assert!(
+        sacks > 0,
+        "no SACK blocks seen in {} observations",
+        seen.0.len()
+    );
 }

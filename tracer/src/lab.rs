@@ -210,14 +210,15 @@ pub struct FlowResult {
     pub flow: Flow,
     pub sent: u64,
     pub received: u64,
-    /// The sender's `tcpi_total_retrans`.
+    /// The sender's `tcpi_total_retrans` (segments) and `tcpi_bytes_retrans`.
     pub retransmits: u32,
+    pub bytes_retrans: u64,
 }
 
 struct Sent {
     local: SocketAddr,
     sent: u64,
-    retransmits: u32,
+    info: Option<libc::tcp_info>,
 }
 
 /// A running upload: client threads write, server threads read and count.
@@ -304,7 +305,8 @@ impl Upload {
                     .iter()
                     .find(|(peer, _)| *peer == s.local)
                     .map_or(0, |(_, n)| *n),
-                retransmits: s.retransmits,
+                retransmits: s.info.map_or(0, |i| i.tcpi_total_retrans),
+                bytes_retrans: s.info.map_or(0, |i| i.tcpi_bytes_retrans),
             })
             .collect())
     }
@@ -417,7 +419,7 @@ fn send(
     Ok(Sent {
         local,
         sent,
-        retransmits: tcp_info(&stream).map_or(0, |i| i.tcpi_total_retrans),
+        info: tcp_info(&stream).ok(),
     })
 }
 

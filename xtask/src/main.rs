@@ -38,8 +38,9 @@ enum Task {
 const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// Debian packages the tracer and its tests call: `ip`/`ss`/`nstat`,
 /// `bpftool` (an independent BTF reader in a unit test), `runuser` (the
-/// not-root test) and `ethtool`.
-const APT_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux", "ethtool"];
+/// not-root test), `iptables` (drops that force retransmissions) and
+/// `ethtool`.
+const APT_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux", "iptables", "ethtool"];
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
