@@ -85,6 +85,16 @@ mod programs {
         }
     }
 
+    /// Writes one event into the ring (bpf_ringbuf_output: reserve, copy,
+    /// submit) and counts it as emitted, or as dropped if the ring is full.
+    #[inline(always)]
+    fn emit<T>(ev: &T, emitted: u32, dropped: u32) {
+        match EVENTS.output::<T>(ev, 0) {
+            Ok(()) => count(emitted),
+            Err(_) => count(dropped),
+        }
+    }
+
     #[inline(always)]
     fn filter_config() -> FilterConfig {
         FILTER.get(0).copied().unwrap_or_default()
@@ -229,11 +239,7 @@ mod programs {
         ev.ifindex = ctx.ingress_ifindex() as u32;
         ev.rx_queue = ctx.rx_queue_index();
         ev.cpu = unsafe { bpf_get_smp_processor_id() };
-        // bpf_ringbuf_output: reserve, copy from the scratch slot, submit.
-        match EVENTS.output::<SegmentEvent>(&*ev, 0) {
-            Ok(()) => count(counter::XDP_EMITTED),
-            Err(_) => count(counter::XDP_DROPPED),
-        }
+        emit(ev, counter::XDP_EMITTED, counter::XDP_DROPPED);
         xdp_action::XDP_PASS
     }
 
@@ -304,14 +310,7 @@ mod programs {
     pub fn tcp_probe(ctx: BtfTracePointContext) -> i32 {
         count(counter::PROBE_SEEN);
         match unsafe { try_tcp_probe(&ctx) } {
-            Ok(Some(ev)) => match EVENTS.reserve::<ProbeEvent>(0) {
-                Some(mut slot) => {
-                    slot.write(ev);
-                    slot.submit(0);
-                    count(counter::PROBE_EMITTED);
-                }
-                None => count(counter::PROBE_DROPPED),
-            },
+            Ok(Some(ev)) => emit(&ev, counter::PROBE_EMITTED, counter::PROBE_DROPPED),
             Ok(None) => count(counter::PROBE_FILTERED),
             Err(_) => count(counter::PROBE_READ_ERRORS),
         }
@@ -362,14 +361,7 @@ mod programs {
     pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
         count(counter::RTX_SEEN);
         match unsafe { try_tcp_retransmit(&ctx) } {
-            Ok(Some(ev)) => match EVENTS.reserve::<RetransmitEvent>(0) {
-                Some(mut slot) => {
-                    slot.write(ev);
-                    slot.submit(0);
-                    count(counter::RTX_EMITTED);
-                }
-                None => count(counter::RTX_DROPPED),
-            },
+            Ok(Some(ev)) => emit(&ev, counter::RTX_EMITTED, counter::RTX_DROPPED),
             Ok(None) => count(counter::RTX_FILTERED),
             Err(_) => count(counter::RTX_READ_ERRORS),
         }

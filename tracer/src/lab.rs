@@ -353,6 +353,14 @@ fn serve(
     readers.into_iter().filter_map(|h| h.join().ok()).collect()
 }
 
+/// A socket timeout or signal: check the deadline and try again.
+fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+    )
+}
+
 fn drain_stream(mut stream: TcpStream, deadline: Instant, stop: &AtomicBool) -> u64 {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(POLL));
@@ -362,11 +370,7 @@ fn drain_stream(mut stream: TcpStream, deadline: Instant, stop: &AtomicBool) -> 
         match stream.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => total += n as u64,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if transient(&e) => {}
             Err(_) => break,
         }
     }
@@ -393,11 +397,7 @@ fn send(
         let n = (bytes - sent).min(CHUNK as u64) as usize;
         match stream.write(&chunk[..n]) {
             Ok(w) => sent += w as u64,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if transient(&e) => {}
             Err(e) => return Err(e).context("lab client writing"),
         }
     }
@@ -408,11 +408,7 @@ fn send(
         match stream.read(&mut byte) {
             Ok(0) => break,
             Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
-                ) => {}
+            Err(e) if transient(&e) => {}
             Err(_) => break,
         }
     }

@@ -210,8 +210,9 @@ impl Btf {
         None
     }
 
-    /// Byte offset of a dotted member path (`"ns.inum"`) in struct `strukt`.
-    pub fn offset_of(&self, strukt: &str, path: &str) -> Result<u32, BtfError> {
+    /// Byte offset and type of a dotted member path (`"ns.inum"`) in
+    /// struct `strukt`.
+    fn member_path(&self, strukt: &str, path: &str) -> Result<(u32, u32), BtfError> {
         let mut id = *self
             .structs_by_name
             .get(strukt)
@@ -224,22 +225,17 @@ impl Btf {
             offset += off;
             id = ty;
         }
-        Ok(offset)
+        Ok((offset, id))
+    }
+
+    /// Byte offset of a dotted member path in struct `strukt`.
+    pub fn offset_of(&self, strukt: &str, path: &str) -> Result<u32, BtfError> {
+        Ok(self.member_path(strukt, path)?.0)
     }
 
     /// Byte size of the member at `path` in `strukt` (pointers: 8).
     pub fn size_of_member(&self, strukt: &str, path: &str) -> Result<u32, BtfError> {
-        let mut id = *self
-            .structs_by_name
-            .get(strukt)
-            .ok_or_else(|| BtfError::NoStruct(strukt.to_string()))?;
-        for part in path.split('.') {
-            id = self
-                .member_in(id, part)
-                .ok_or_else(|| BtfError::NoMember(strukt.to_string(), path.to_string()))?
-                .1;
-        }
-        Ok(self.type_size(id))
+        Ok(self.type_size(self.member_path(strukt, path)?.1))
     }
 
     fn type_size(&self, id: u32) -> u32 {
