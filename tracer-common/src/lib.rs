@@ -162,7 +162,7 @@ pub mod counter {
     pub const XDP_EMITTED: u32 = 7;
     /// Segment events lost because the ring buffer was full.
     pub const XDP_DROPPED: u32 = 8;
-    /// `tcp_probe` hits.
+    /// `tcp_probe` events handled (by whichever copy of the program).
     pub const PROBE_SEEN: u32 = 9;
     /// `tcp_probe` hits outside the traced interface/namespace or filter.
     pub const PROBE_FILTERED: u32 = 10;
@@ -175,8 +175,12 @@ pub mod counter {
     pub const RTX_EMITTED: u32 = 16;
     pub const RTX_DROPPED: u32 = 17;
     pub const RTX_READ_ERRORS: u32 = 18;
+    /// Runs of the first copy of the tracepoint programs: with the runs the
+    /// kernel skipped for that copy, every time the tracepoint fired.
+    pub const PROBE_FIRST_COPY_RUNS: u32 = 19;
+    pub const RTX_FIRST_COPY_RUNS: u32 = 20;
     /// Number of counters.
-    pub const COUNT: u32 = 19;
+    pub const COUNT: u32 = 21;
 }
 
 /// Filter switches, in [`FilterConfig::flags`].

@@ -1,9 +1,14 @@
 //! The tracer's kernel programs: parse, tag, emit, count. No policy.
 //!
 //! * `tag_rx` (XDP): every received TCP segment, with its RX queue and CPU.
-//! * `tcp_probe` (tp_btf): the order and CPU at which TCP itself processes
-//!   received segments, with the socket's srtt/cwnd/snd_una/snd_nxt.
-//! * `tcp_retransmit_skb` (tp_btf): segments this host retransmits.
+//! * `tcp_probe0..2` (tp_btf on `tcp_probe`): the order and CPU at which TCP
+//!   itself processes received segments, with the socket's srtt, cwnd,
+//!   snd_una and snd_nxt.
+//! * `tcp_rtx0..2` (tp_btf on `tcp_retransmit_skb`): segments this host
+//!   retransmits.
+//!
+//! Three copies of each tracepoint program cover the runs the kernel skips
+//! when a program is already running on a CPU (see `RUNNING`).
 //!
 //! Struct offsets for the tracepoint programs come from userspace, which
 //! resolves them from the running kernel's BTF (`KERNEL_OFFSETS`).
@@ -30,6 +35,7 @@ mod programs {
         counter, kind, tcp_flags, AddrKey, FilterConfig, FlowAddrs, KernelOffsets, ProbeEvent,
         RetransmitEvent, SegmentEvent, FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS,
     };
+
     use tracer_ebpf::parse::{self, Frame, OptionBytes, ParseError};
 
     /// Default ring size; userspace may override it at load time.
@@ -77,18 +83,33 @@ mod programs {
         tp_rcv_nxt: 0,
     });
 
+    /// Counts one event from XDP. XDP runs never nest on a CPU, so a plain
+    /// increment of this CPU's slot is exact.
     #[inline(always)]
     fn count(index: u32) {
         if let Some(slot) = COUNTERS.get_ptr_mut(index) {
-            // SAFETY: per-CPU slot, this program is its only writer here.
+            // SAFETY: this CPU's slot, and no other XDP run on this CPU.
             unsafe { *slot += 1 }
+        }
+    }
+
+    /// Counts one event from a tracepoint program, which a softirq can
+    /// interrupt on the same CPU between a load and a store: atomic add.
+    #[inline(always)]
+    fn count_nestable(index: u32) {
+        if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+            // SAFETY: a valid, aligned u64 in the map value. (The bpf target
+            // has no core atomics; this is the BPF_ATOMIC add instruction.)
+            unsafe {
+                core::arch::asm!("lock *(u64 *)({0} + 0) += {1}", in(reg) slot, in(reg) 1u64)
+            };
         }
     }
 
     /// Writes one event into the ring (bpf_ringbuf_output: reserve, copy,
     /// submit) and counts it as emitted, or as dropped if the ring is full.
     #[inline(always)]
-    fn emit<T>(ev: &T, emitted: u32, dropped: u32) {
+    fn emit<T>(ev: &T, count: fn(u32), emitted: u32, dropped: u32) {
         match EVENTS.output::<T>(ev, 0) {
             Ok(()) => count(emitted),
             Err(_) => count(dropped),
@@ -239,7 +260,7 @@ mod programs {
         ev.ifindex = ctx.ingress_ifindex() as u32;
         ev.rx_queue = ctx.rx_queue_index();
         ev.cpu = unsafe { bpf_get_smp_processor_id() };
-        emit(ev, counter::XDP_EMITTED, counter::XDP_DROPPED);
+        emit(ev, count, counter::XDP_EMITTED, counter::XDP_DROPPED);
         xdp_action::XDP_PASS
     }
 
@@ -306,15 +327,93 @@ mod programs {
         Ok((seq, end_seq, ack_seq, flags))
     }
 
-    #[btf_tracepoint(function = "tcp_probe")]
-    pub fn tcp_probe(ctx: BtfTracePointContext) -> i32 {
-        count(counter::PROBE_SEEN);
-        match unsafe { try_tcp_probe(&ctx) } {
-            Ok(Some(ev)) => emit(&ev, counter::PROBE_EMITTED, counter::PROBE_DROPPED),
-            Ok(None) => count(counter::PROBE_FILTERED),
-            Err(_) => count(counter::PROBE_READ_ERRORS),
+    // The kernel does not run a tracing program on a CPU where it is already
+    // running (a softirq's tcp_probe arriving while a process-context one,
+    // from socket backlog processing, is inside the program; or a task
+    // preempted inside it): it only counts a "recursion miss". So each
+    // tracepoint has three copies, and per CPU a mask of the copies running
+    // there. The kernel skips exactly the running copies, so copy k handles
+    // a hit when copies 0..k are all running, i.e. all skipped for it; the
+    // first copy not running takes the hit, and only it. What no copy took
+    // (three levels of nesting, or the few instructions of the kernel's
+    // entry and exit around the mask updates) is counted in userspace: the
+    // first copy's runs plus its kernel-counted misses are all the hits, the
+    // `*_SEEN` counters the hits handled.
+
+    /// Indices into `RUNNING`.
+    const PROBE_SLOT: u32 = 0;
+    const RTX_SLOT: u32 = 1;
+
+    /// Per CPU and tracepoint: bit k is set while copy k runs there.
+    #[map]
+    static RUNNING: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0);
+
+    /// Runs `handle` if copy `copy` is the one to take this hit.
+    #[inline(always)]
+    fn run_copy(slot: u32, copy: u32, first_copy_runs: u32, handle: impl FnOnce()) {
+        let Some(running) = RUNNING.get_ptr_mut(slot) else {
+            return;
+        };
+        let me = 1u32 << copy;
+        let below = me - 1;
+        // SAFETY: this CPU's slot. Runs nested inside this one clear their
+        // own bit before returning, so this read-modify-write loses nothing.
+        unsafe {
+            let before = *running;
+            *running = before | me;
+            if copy == 0 {
+                count_nestable(first_copy_runs);
+            }
+            if before & below == below {
+                handle();
+            }
+            *running &= !me;
         }
-        0
+    }
+
+    /// One tp_btf program per copy, each named `$name<copy>`.
+    macro_rules! copies {
+        ($tracepoint:literal, $slot:expr, $runs:expr, $handle:ident, $($name:ident = $copy:literal),+) => {$(
+            #[btf_tracepoint(function = $tracepoint)]
+            pub fn $name(ctx: BtfTracePointContext) -> i32 {
+                run_copy($slot, $copy, $runs, || $handle(&ctx));
+                0
+            }
+        )+};
+    }
+
+    copies!(
+        "tcp_probe",
+        PROBE_SLOT,
+        counter::PROBE_FIRST_COPY_RUNS,
+        handle_tcp_probe,
+        tcp_probe0 = 0,
+        tcp_probe1 = 1,
+        tcp_probe2 = 2
+    );
+    copies!(
+        "tcp_retransmit_skb",
+        RTX_SLOT,
+        counter::RTX_FIRST_COPY_RUNS,
+        handle_tcp_retransmit,
+        tcp_rtx0 = 0,
+        tcp_rtx1 = 1,
+        tcp_rtx2 = 2
+    );
+
+    #[inline(always)]
+    fn handle_tcp_probe(ctx: &BtfTracePointContext) {
+        count_nestable(counter::PROBE_SEEN);
+        match unsafe { try_tcp_probe(ctx) } {
+            Ok(Some(ev)) => emit(
+                &ev,
+                count_nestable,
+                counter::PROBE_EMITTED,
+                counter::PROBE_DROPPED,
+            ),
+            Ok(None) => count_nestable(counter::PROBE_FILTERED),
+            Err(_) => count_nestable(counter::PROBE_READ_ERRORS),
+        }
     }
 
     #[inline(always)]
@@ -357,15 +456,19 @@ mod programs {
         }))
     }
 
-    #[btf_tracepoint(function = "tcp_retransmit_skb")]
-    pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
-        count(counter::RTX_SEEN);
-        match unsafe { try_tcp_retransmit(&ctx) } {
-            Ok(Some(ev)) => emit(&ev, counter::RTX_EMITTED, counter::RTX_DROPPED),
-            Ok(None) => count(counter::RTX_FILTERED),
-            Err(_) => count(counter::RTX_READ_ERRORS),
+    #[inline(always)]
+    fn handle_tcp_retransmit(ctx: &BtfTracePointContext) {
+        count_nestable(counter::RTX_SEEN);
+        match unsafe { try_tcp_retransmit(ctx) } {
+            Ok(Some(ev)) => emit(
+                &ev,
+                count_nestable,
+                counter::RTX_EMITTED,
+                counter::RTX_DROPPED,
+            ),
+            Ok(None) => count_nestable(counter::RTX_FILTERED),
+            Err(_) => count_nestable(counter::RTX_READ_ERRORS),
         }
-        0
     }
 
     #[inline(always)]

@@ -72,7 +72,8 @@ impl Outcome {
     }
 }
 
-/// Drains `tracer` until the duration, a SIGINT/SIGTERM or `until()`.
+/// Drains `tracer` until the duration, a SIGINT/SIGTERM or `until()`, then
+/// detaches it and drains what is left.
 pub fn run(
     tracer: &mut Tracer,
     stats: &mut TrafficStats,
@@ -114,12 +115,10 @@ pub fn run(
             wait_readable(tracer, POLL_TIMEOUT)?;
         }
     };
-    // What the kernel wrote before we stopped is still ours to record. The
-    // programs are still attached, so stop at an empty ring or a time bound.
-    let final_drain = Instant::now();
-    while !drain(tracer, stats, sinks, &mut received, &mut decode_errors)
-        && final_drain.elapsed() < FINAL_DRAIN_LIMIT
-    {}
+    // Detach first: then nothing more arrives, the drain below gets all the
+    // kernel wrote, and the counters read after it are final.
+    tracer.detach();
+    while !drain(tracer, stats, sinks, &mut received, &mut decode_errors) {}
     for sink in sinks.iter_mut() {
         sink.flush()?;
     }
@@ -211,8 +210,6 @@ impl Drop for StopSignals {
 /// Records handled per wake-up before going back to the timers and signals:
 /// a ring that refills as fast as it drains must not starve Ctrl-C.
 const DRAIN_BATCH: usize = 65_536;
-/// Longest the last drain after a stop may take under continuing traffic.
-const FINAL_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 fn drain(
     tracer: &mut Tracer,

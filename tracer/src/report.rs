@@ -137,17 +137,26 @@ impl TrafficStats {
                 String::new()
             }
         );
-        let dropped = counters.dropped();
-        if dropped > 0 {
+        let ring_full = counters.ring_full();
+        if ring_full > 0 {
             let _ = writeln!(
                 out,
-                "  DROPPED    {dropped} events lost: the ring buffer was full (XDP {}, tcp_probe {}, retransmit {}). Results are incomplete; try a larger --ring-mib or a --filter.",
+                "  DROPPED    {ring_full} events lost: the ring buffer was full (XDP {}, tcp_probe {}, retransmit {}). Results are incomplete; try a larger --ring-mib or a --filter.",
                 counters.get(counter::XDP_DROPPED),
                 counters.get(counter::PROBE_DROPPED),
-                counters.get(counter::RTX_DROPPED)
+                counters.get(counter::RTX_DROPPED),
             );
         } else {
             let _ = writeln!(out, "  dropped    0 events");
+        }
+        let (probe_lost, rtx_lost) = (counters.probe_lost(), counters.rtx_lost());
+        if probe_lost + rtx_lost > 0 {
+            let hits = counters.get(counter::PROBE_SEEN) + probe_lost;
+            let _ = writeln!(
+                out,
+                "  MISSED     {probe_lost} tcp_probe ({:.4}% of {hits}) and {rtx_lost} retransmit events: the kernel did not run the program, it was already running on that CPU",
+                probe_lost as f64 * 100.0 / hits.max(1) as f64,
+            );
         }
         let _ = writeln!(
             out,
@@ -297,13 +306,25 @@ mod tests {
     #[test]
     fn dropped_events_are_shouted() {
         let mut c = Counters::default();
-        c.0[counter::XDP_DROPPED as usize] = 7;
+        c.map[counter::XDP_DROPPED as usize] = 7;
+        // 10 hits: 6 ran the first copy, 4 skipped it; 8 were handled.
+        c.map[counter::PROBE_FIRST_COPY_RUNS as usize] = 6;
+        c.probe_first_copy_misses = 4;
+        c.map[counter::PROBE_SEEN as usize] = 8;
         let mut s = TrafficStats::default();
         assert!(s
             .progress_line(Duration::ZERO, Duration::from_secs(1), &c)
             .contains("EVENTS LOST"));
         let text = s.summary(Duration::from_secs(1), &c, "x");
-        assert!(text.contains("DROPPED    7 events lost"), "{text}");
+        assert!(
+            text.contains("DROPPED    7 events lost: the ring buffer was full"),
+            "{text}"
+        );
+        assert!(
+            text.contains("MISSED     2 tcp_probe (20.0000% of 10)"),
+            "{text}"
+        );
+        assert_eq!(c.dropped(), 9);
     }
 
     #[test]

@@ -5,7 +5,12 @@
 pub mod btf;
 pub mod netns;
 
-use std::{ffi::CString, fmt, path::Path};
+use std::{
+    ffi::CString,
+    fmt,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
+    path::Path,
+};
 
 use anyhow::{Context, Result};
 use aya::{
@@ -78,8 +83,12 @@ pub struct Tracer {
     pub mode: AttachedMode,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
-    // Last: dropping the programs closes their links and unloads them.
-    _ebpf: Ebpf,
+    /// The first copies of the tracepoint programs, for their kernel-kept
+    /// miss counts (these fds keep them loaded, not attached).
+    tcp_probe_fd: OwnedFd,
+    retransmit_fd: OwnedFd,
+    /// The programs and their links; `None` once detached.
+    ebpf: Option<Ebpf>,
 }
 
 impl Tracer {
@@ -122,15 +131,29 @@ impl Tracer {
             .context("loading the eBPF object")?;
         configure_filter(&mut ebpf, &opts.filter, ifindex, netns_inum)?;
 
-        for name in ["tcp_probe", "tcp_retransmit_skb"] {
-            let prog: &mut BtfTracePoint = program(&mut ebpf, name)?
-                .try_into()
-                .with_context(|| format!("program {name} is not tp_btf"))?;
-            prog.load(name, &aya_btf)
-                .with_context(|| format!("loading tp_btf/{name}"))?;
-            prog.attach()
-                .with_context(|| format!("attaching tp_btf/{name}"))?;
+        // Copy i of each handles what the kernel skipped for copies 0..i (see
+        // tracer-ebpf); the first copy's misses are needed to count the rest.
+        let mut first_copies = Vec::new();
+        for (tracepoint, base) in [
+            ("tcp_probe", "tcp_probe"),
+            ("tcp_retransmit_skb", "tcp_rtx"),
+        ] {
+            for copy in 0..TRACEPOINT_COPIES {
+                let name = format!("{base}{copy}");
+                let prog: &mut BtfTracePoint = program(&mut ebpf, &name)?
+                    .try_into()
+                    .with_context(|| format!("program {name} is not tp_btf"))?;
+                prog.load(tracepoint, &aya_btf)
+                    .with_context(|| format!("loading tp_btf/{tracepoint} ({name})"))?;
+                prog.attach()
+                    .with_context(|| format!("attaching tp_btf/{tracepoint} ({name})"))?;
+                if copy == 0 {
+                    first_copies.push(prog.fd()?.as_fd().try_clone_to_owned()?);
+                }
+            }
         }
+        let [tcp_probe_fd, retransmit_fd]: [OwnedFd; 2] =
+            first_copies.try_into().expect("two tracepoints");
 
         let xdp: &mut Xdp = program(&mut ebpf, "tag_rx")?
             .try_into()
@@ -149,7 +172,9 @@ impl Tracer {
             mode,
             ring,
             counters,
-            _ebpf: ebpf,
+            tcp_probe_fd,
+            retransmit_fd,
+            ebpf: Some(ebpf),
         })
     }
 
@@ -157,10 +182,18 @@ impl Tracer {
         &mut self.ring
     }
 
-    /// Sums of the per-CPU kernel counters.
+    /// Detaches and unloads the programs. The ring buffer and the counters
+    /// stay readable: after this nothing more arrives, so a drain gets
+    /// everything and the counters are final.
+    pub fn detach(&mut self) {
+        self.ebpf = None;
+    }
+
+    /// Sums of the per-CPU kernel counters, and the kernel's own count of
+    /// tracepoint runs it skipped.
     pub fn counters(&self) -> Result<Counters> {
         let mut c = Counters::default();
-        for (i, slot) in c.0.iter_mut().enumerate() {
+        for (i, slot) in c.map.iter_mut().enumerate() {
             *slot = self
                 .counters
                 .get(&(i as u32), 0)
@@ -168,7 +201,36 @@ impl Tracer {
                 .iter()
                 .sum();
         }
+        c.probe_first_copy_misses = recursion_misses(self.tcp_probe_fd.as_fd())?;
+        c.rtx_first_copy_misses = recursion_misses(self.retransmit_fd.as_fd())?;
         Ok(c)
+    }
+}
+
+/// `bpf_prog_info.recursion_misses`: how often the kernel did not run a
+/// tracing program because it was already running on that CPU (e.g. a
+/// softirq's tcp_probe arriving while a process-context one is in the
+/// program).
+fn recursion_misses(prog: BorrowedFd<'_>) -> Result<u64> {
+    use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_prog_info};
+    // SAFETY: both are plain C structs; the kernel writes at most
+    // `info_len` bytes into `info`.
+    unsafe {
+        let mut info: bpf_prog_info = std::mem::zeroed();
+        let mut attr: bpf_attr = std::mem::zeroed();
+        attr.info.bpf_fd = prog.as_raw_fd() as u32;
+        attr.info.info_len = size_of::<bpf_prog_info>() as u32;
+        attr.info.info = (&mut info as *mut bpf_prog_info) as u64;
+        let ret = libc::syscall(
+            libc::SYS_bpf,
+            bpf_cmd::BPF_OBJ_GET_INFO_BY_FD as libc::c_long,
+            &mut attr as *mut bpf_attr,
+            size_of::<bpf_attr>(),
+        );
+        if ret != 0 {
+            return Err(std::io::Error::last_os_error()).context("reading BPF program info");
+        }
+        Ok(info.recursion_misses)
     }
 }
 
@@ -261,7 +323,18 @@ fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: 
 }
 
 /// Program names of ours, as the kernel stores them (15 characters at most).
-pub const PROGRAM_NAMES: [&str; 3] = ["tag_rx", "tcp_probe", "tcp_retransmit_"];
+pub const PROGRAM_NAMES: [&str; 7] = [
+    "tag_rx",
+    "tcp_probe0",
+    "tcp_probe1",
+    "tcp_probe2",
+    "tcp_rtx0",
+    "tcp_rtx1",
+    "tcp_rtx2",
+];
+
+/// Copies of each tracepoint program (see tracer-ebpf's `RUNNING`).
+const TRACEPOINT_COPIES: usize = 3;
 
 /// IDs and names of programs with our names loaded in the kernel right now
 /// (ours, or another tracer's).
@@ -279,20 +352,45 @@ pub fn loaded_tracer_programs() -> Vec<(u32, String)> {
     found
 }
 
-/// Kernel-side counters (sums over CPUs), indexed by [`tracer_common::counter`].
+/// Kernel-side counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters(pub [u64; counter::COUNT as usize]);
+pub struct Counters {
+    /// The per-CPU `COUNTERS` map summed, indexed by [`tracer_common::counter`].
+    pub map: [u64; counter::COUNT as usize],
+    /// Runs the kernel skipped for the first copy of the tracepoint programs
+    /// ([`recursion_misses`]); later copies take most of them.
+    pub probe_first_copy_misses: u64,
+    pub rtx_first_copy_misses: u64,
+}
 
 impl Counters {
     pub fn get(&self, index: u32) -> u64 {
-        self.0[index as usize]
+        self.map[index as usize]
     }
 
     /// Events the kernel could not write because the ring buffer was full.
-    pub fn dropped(&self) -> u64 {
+    pub fn ring_full(&self) -> u64 {
         self.get(counter::XDP_DROPPED)
             + self.get(counter::PROBE_DROPPED)
             + self.get(counter::RTX_DROPPED)
+    }
+
+    /// `tcp_probe` hits no copy of the program handled: every hit either
+    /// ran the first copy or was skipped for it; the handled ones are seen.
+    pub fn probe_lost(&self) -> u64 {
+        (self.get(counter::PROBE_FIRST_COPY_RUNS) + self.probe_first_copy_misses)
+            .saturating_sub(self.get(counter::PROBE_SEEN))
+    }
+
+    /// The same for `tcp_retransmit_skb`.
+    pub fn rtx_lost(&self) -> u64 {
+        (self.get(counter::RTX_FIRST_COPY_RUNS) + self.rtx_first_copy_misses)
+            .saturating_sub(self.get(counter::RTX_SEEN))
+    }
+
+    /// Every event lost in the kernel: ring full, or no program run.
+    pub fn dropped(&self) -> u64 {
+        self.ring_full() + self.probe_lost() + self.rtx_lost()
     }
 
     /// Events the kernel wrote into the ring buffer.
@@ -306,8 +404,14 @@ impl Counters {
     pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         COUNTER_NAMES
             .iter()
-            .enumerate()
-            .map(|(i, &name)| (name, self.0[i]))
+            .zip(self.map)
+            .map(|(&name, v)| (name, v))
+            .chain([
+                ("probe_first_copy_misses", self.probe_first_copy_misses),
+                ("retransmit_first_copy_misses", self.rtx_first_copy_misses),
+                ("probe_lost", self.probe_lost()),
+                ("retransmit_lost", self.rtx_lost()),
+            ])
     }
 }
 
@@ -332,4 +436,6 @@ pub const COUNTER_NAMES: [&str; counter::COUNT as usize] = [
     "retransmit_events",
     "retransmit_dropped",
     "retransmit_read_errors",
+    "probe_first_copy_runs",
+    "retransmit_first_copy_runs",
 ];
