@@ -320,3 +320,96 @@ fn local_retransmissions_match_the_senders_own_count() {
         seen.0.len()
     );
 }
+
+/// Under a 4-flow upload on two cores the kernel often finds the first
+/// `tcp_probe` copy already running on a CPU (a softirq arriving during
+/// backlog processing) and skips it; the later copies take those events.
+/// What the counters say must add up exactly, and XDP must still see every
+/// byte. The TCP-layer coverage is measured and printed, not asserted:
+/// checked against ftrace's own `tcp:tcp_probe` events, this kernel, under
+/// this load, sometimes runs no BPF program for the tracepoint on one CPU
+/// for tens of milliseconds and counts no miss (seen: 0.1% to 8.5% of a
+/// flow's bytes); the report shows such holes per flow instead.
+#[test]
+fn tcp_probe_under_load_is_accounted_exactly() {
+    if !root_or_skip("tcp_probe_under_load_is_accounted_exactly") {
+        return;
+    }
+    use tracer_common::counter::*;
+    let (topo, mut tracer) =
+        traced_lab(4, Side::Server, XdpModeChoice::Auto, "").expect("lab and tracer");
+    let spec = UploadSpec {
+        flows: 4,
+        bytes_per_flow: 256 << 20,
+        port: 5201,
+        ipv6: false,
+        timeout: Duration::from_secs(60),
+    };
+    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let c = outcome.counters;
+    let probes = seen
+        .0
+        .iter()
+        .filter(|o| matches!(o, Observation::TcpProbe(_)))
+        .count() as u64;
+    eprintln!(
+        "first copy skipped {} times; {} tcp_probe events handled, {} lost",
+        c.probe_first_copy_misses,
+        c.get(PROBE_SEEN),
+        c.probe_lost()
+    );
+    assert_eq!(c.ring_full(), 0);
+    assert_eq!(outcome.missing(), 0);
+    assert_eq!(
+        c.get(PROBE_SEEN),
+        c.get(PROBE_EMITTED)
+            + c.get(PROBE_FILTERED)
+            + c.get(PROBE_READ_ERRORS)
+            + c.get(PROBE_DROPPED)
+    );
+    assert_eq!(probes, c.get(PROBE_EMITTED));
+    let hits = c.get(PROBE_SEEN) + c.probe_lost();
+    assert!(
+        c.probe_lost() * 100 <= hits,
+        "{} of {hits} lost",
+        c.probe_lost()
+    );
+
+    for r in &results {
+        assert_eq!(r.received, 256 << 20);
+        let first = seen
+            .0
+            .iter()
+            .find_map(|o| match o {
+                Observation::Segment(s) if s.flow == r.flow && s.flags & SYN != 0 => Some(s.seq),
+                _ => None,
+            })
+            .expect("SYN seen")
+            .wrapping_add(1);
+        let ranges = |tcp_layer: bool| -> Vec<(u64, u64)> {
+            seen.0
+                .iter()
+                .filter_map(|o| {
+                    let (flow, seq, len) = match o {
+                        Observation::TcpProbe(p) if tcp_layer => (p.flow, p.seq, p.payload_len),
+                        Observation::Segment(s) if !tcp_layer => (s.flow, s.seq, s.payload_len),
+                        _ => return None,
+                    };
+                    let start = u64::from(seq.wrapping_sub(first));
+                    (flow == r.flow && len > 0).then_some((start, start + u64::from(len)))
+                })
+                .collect()
+        };
+        let xdp = coverage(&ranges(false), r.received);
+        assert_eq!(xdp.gaps, vec![], "{}: XDP missed payload", r.flow);
+        let tcp = coverage(&ranges(true), r.received);
+        let share = tcp.covered_once_or_more as f64 / r.received as f64;
+        eprintln!(
+            "{}: tcp_probe covered {:.3}% ({} gaps)",
+            r.flow,
+            share * 100.0,
+            tcp.gaps.len()
+        );
+        assert_eq!(tcp.beyond_end, 0);
+    }
+}

@@ -177,10 +177,11 @@ impl TrafficStats {
         for (flow, f) in flows.iter().take(10) {
             let _ = writeln!(
                 out,
-                "    {flow}  {} segments, {:.1} MB, {} tcp_probe, rx queues {}, cpus {}{}",
+                "    {flow}  {} segments, {:.1} MB, {} tcp_probe{}, rx queues {}, cpus {}{}",
                 f.data_segments,
                 f.payload_bytes as f64 / 1e6,
                 f.probes,
+                tcp_layer_hole(f),
                 spread(&f.rx_queues),
                 spread(&f.cpus),
                 if f.retransmits > 0 {
@@ -228,6 +229,19 @@ impl Sink for TrafficStats {
             }
         }
     }
+}
+
+/// When TCP's receive path was seen carrying visibly less payload than XDP
+/// saw arrive (the kernel did not run the tcp_probe program for some
+/// segments; XDP is the complete view), how much it saw.
+fn tcp_layer_hole(f: &FlowStats) -> String {
+    if f.probes == 0 || f.probe_bytes * 1000 >= f.payload_bytes * 999 {
+        return String::new();
+    }
+    format!(
+        " (covering only {:.1}% of the payload)",
+        f.probe_bytes as f64 * 100.0 / f.payload_bytes.max(1) as f64
+    )
 }
 
 /// `0:61% 1:39%`: how segments spread over queues or CPUs.
@@ -301,6 +315,21 @@ mod tests {
         assert!(line.contains("5 seg/s"), "{line}");
         assert!(line.contains("0.0 Mbit/s"), "{line}"); // 3.2 kbit
         assert!(line.contains("flows     2"), "{line}");
+    }
+
+    #[test]
+    fn tcp_layer_holes_are_shown() {
+        let mut f = FlowStats {
+            probes: 10,
+            payload_bytes: 1000,
+            probe_bytes: 999,
+            ..Default::default()
+        };
+        assert_eq!(tcp_layer_hole(&f), "");
+        f.probe_bytes = 900;
+        assert_eq!(tcp_layer_hole(&f), " (covering only 90.0% of the payload)");
+        f.probes = 0;
+        assert_eq!(tcp_layer_hole(&f), "");
     }
 
     #[test]
