@@ -340,18 +340,47 @@ mod programs {
     // first copy's runs plus its kernel-counted misses are all the hits, the
     // `*_SEEN` counters the hits handled.
 
-    /// Indices into `RUNNING`.
-    const PROBE_SLOT: u32 = 0;
-    const RTX_SLOT: u32 = 1;
-
-    /// Per CPU and tracepoint: bit k is set while copy k runs there.
+    /// Per CPU and tracepoint (`Tracepoint::slot`): bit k is set while copy
+    /// k runs there.
     #[map]
     static RUNNING: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0);
 
-    /// Runs `handle` if copy `copy` is the one to take this hit.
+    /// One traced tracepoint: its `RUNNING` slot and its counters.
+    struct Tracepoint {
+        slot: u32,
+        first_copy_runs: u32,
+        seen: u32,
+        filtered: u32,
+        emitted: u32,
+        dropped: u32,
+        read_errors: u32,
+    }
+
+    const TCP_PROBE: Tracepoint = Tracepoint {
+        slot: 0,
+        first_copy_runs: counter::PROBE_FIRST_COPY_RUNS,
+        seen: counter::PROBE_SEEN,
+        filtered: counter::PROBE_FILTERED,
+        emitted: counter::PROBE_EMITTED,
+        dropped: counter::PROBE_DROPPED,
+        read_errors: counter::PROBE_READ_ERRORS,
+    };
+
+    const TCP_RETRANSMIT: Tracepoint = Tracepoint {
+        slot: 1,
+        first_copy_runs: counter::RTX_FIRST_COPY_RUNS,
+        seen: counter::RTX_SEEN,
+        filtered: counter::RTX_FILTERED,
+        emitted: counter::RTX_EMITTED,
+        dropped: counter::RTX_DROPPED,
+        read_errors: counter::RTX_READ_ERRORS,
+    };
+
+    /// Copy `copy` of a tracepoint program: builds and emits the event with
+    /// `build` if this copy is the one to take the hit, counting the outcome.
     #[inline(always)]
-    fn run_copy(slot: u32, copy: u32, first_copy_runs: u32, handle: impl FnOnce()) {
-        let Some(running) = RUNNING.get_ptr_mut(slot) else {
+    fn run_copy<T>(tp: &Tracepoint, copy: u32, build: impl FnOnce() -> Result<Option<T>, i32>) {
+        let Some(running) = RUNNING.get_ptr_mut(tp.slot) else {
             return;
         };
         let me = 1u32 << copy;
@@ -362,21 +391,26 @@ mod programs {
             let before = *running;
             *running = before | me;
             if copy == 0 {
-                count_nestable(first_copy_runs);
+                count_nestable(tp.first_copy_runs);
             }
             if before & below == below {
-                handle();
+                count_nestable(tp.seen);
+                match build() {
+                    Ok(Some(ev)) => emit(&ev, count_nestable, tp.emitted, tp.dropped),
+                    Ok(None) => count_nestable(tp.filtered),
+                    Err(_) => count_nestable(tp.read_errors),
+                }
             }
             *running &= !me;
         }
     }
 
-    /// One tp_btf program per copy, each named `$name<copy>`.
+    /// One tp_btf program per copy.
     macro_rules! copies {
-        ($tracepoint:literal, $slot:expr, $runs:expr, $handle:ident, $($name:ident = $copy:literal),+) => {$(
+        ($tracepoint:literal, $tp:expr, $build:ident, $($name:ident = $copy:literal),+) => {$(
             #[btf_tracepoint(function = $tracepoint)]
             pub fn $name(ctx: BtfTracePointContext) -> i32 {
-                run_copy($slot, $copy, $runs, || $handle(&ctx));
+                run_copy(&$tp, $copy, || unsafe { $build(&ctx) });
                 0
             }
         )+};
@@ -384,37 +418,20 @@ mod programs {
 
     copies!(
         "tcp_probe",
-        PROBE_SLOT,
-        counter::PROBE_FIRST_COPY_RUNS,
-        handle_tcp_probe,
+        TCP_PROBE,
+        try_tcp_probe,
         tcp_probe0 = 0,
         tcp_probe1 = 1,
         tcp_probe2 = 2
     );
     copies!(
         "tcp_retransmit_skb",
-        RTX_SLOT,
-        counter::RTX_FIRST_COPY_RUNS,
-        handle_tcp_retransmit,
+        TCP_RETRANSMIT,
+        try_tcp_retransmit,
         tcp_rtx0 = 0,
         tcp_rtx1 = 1,
         tcp_rtx2 = 2
     );
-
-    #[inline(always)]
-    fn handle_tcp_probe(ctx: &BtfTracePointContext) {
-        count_nestable(counter::PROBE_SEEN);
-        match unsafe { try_tcp_probe(ctx) } {
-            Ok(Some(ev)) => emit(
-                &ev,
-                count_nestable,
-                counter::PROBE_EMITTED,
-                counter::PROBE_DROPPED,
-            ),
-            Ok(None) => count_nestable(counter::PROBE_FILTERED),
-            Err(_) => count_nestable(counter::PROBE_READ_ERRORS),
-        }
-    }
 
     #[inline(always)]
     unsafe fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<Option<ProbeEvent>, i32> {
@@ -454,21 +471,6 @@ mod programs {
             rcv_nxt: unsafe { read(sk, off.tp_rcv_nxt)? },
             ..ProbeEvent::default()
         }))
-    }
-
-    #[inline(always)]
-    fn handle_tcp_retransmit(ctx: &BtfTracePointContext) {
-        count_nestable(counter::RTX_SEEN);
-        match unsafe { try_tcp_retransmit(ctx) } {
-            Ok(Some(ev)) => emit(
-                &ev,
-                count_nestable,
-                counter::RTX_EMITTED,
-                counter::RTX_DROPPED,
-            ),
-            Ok(None) => count_nestable(counter::RTX_FILTERED),
-            Err(_) => count_nestable(counter::RTX_READ_ERRORS),
-        }
     }
 
     #[inline(always)]
