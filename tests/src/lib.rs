@@ -54,7 +54,9 @@ pub fn record_upload(
     spec: &UploadSpec,
 ) -> Result<(Outcome, Collect, Vec<FlowResult>)> {
     let upload = Upload::start(topo, spec)?;
-    let mut collect = Collect::default();
+    // Room up front: growing a vector of a million observations stalls the
+    // consumer long enough to fill the ring under a multi-gigabit upload.
+    let mut collect = Collect(Vec::with_capacity(4_000_000));
     let mut stats = TrafficStats::default();
     let outcome = record::run(
         tracer,
