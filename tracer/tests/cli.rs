@@ -86,6 +86,10 @@ fn bad_input_gets_one_line_and_exit_2() {
             "power of two",
         ),
         (&["lab", "--flows", "0"], "--flows 0"),
+        (
+            &["record", "--iface", "lo", "--xdp-mode", "native"],
+            "lo has no native XDP support",
+        ),
         (&["lab", "--bytes", "lots"], "not a size"),
     ];
     for (args, needle) in cases {
@@ -99,6 +103,22 @@ fn bad_input_gets_one_line_and_exit_2() {
         }
         assert!(nothing_loaded(), "{args:?} left programs loaded");
     }
+}
+
+/// Loopback has no driver XDP: the default falls back to generic.
+#[test]
+fn auto_mode_falls_back_to_generic_xdp() {
+    if !root_or_skip("auto_mode_falls_back_to_generic_xdp") {
+        return;
+    }
+    let out = run(&["record", "--iface", "lo", "--duration", "0.5", "--quiet"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("tracing TCP received on lo (XDP generic)"),
+        "{stderr}"
+    );
+    assert!(nothing_loaded());
 }
 
 #[test]

@@ -254,11 +254,23 @@ fn attach_xdp(xdp: &mut Xdp, ifindex: u32, opts: &TracerOptions) -> Result<Attac
         };
         xdp.attach_to_if_index(ifindex, flags).map(drop)
     };
-    let explain = |mode: AttachedMode, e: ProgramError| {
-        anyhow::Error::new(e).context(format!(
-            "attaching XDP ({mode}) to {}: is another XDP program attached? (`ip -d link show {}`)",
-            opts.iface, opts.iface
-        ))
+    let explain = |mode: AttachedMode, e: ProgramError| -> anyhow::Error {
+        let errno = match &e {
+            ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
+            _ => None,
+        };
+        let iface = &opts.iface;
+        match errno {
+            Some(libc::EOPNOTSUPP) => SetupError::BadArgument(format!(
+                "{iface} has no {mode} XDP support: use --xdp-mode auto or generic"
+            ))
+            .into(),
+            Some(libc::EBUSY | libc::EEXIST) => SetupError::Environment(format!(
+                "another XDP program is attached to {iface} (see `ip -d link show {iface}`); the tracer does not replace it"
+            ))
+            .into(),
+            _ => anyhow::Error::new(e).context(format!("attaching XDP ({mode}) to {iface}")),
+        }
     };
     match opts.xdp_mode {
         XdpModeChoice::Native => try_mode(xdp, AttachedMode::Native)
