@@ -4,10 +4,10 @@ use std::{collections::BTreeMap, time::Duration};
 
 use anyhow::Result;
 use tracer::{
+    engine::{Engine, EngineConfig},
     kernel::{Tracer, TracerOptions, XdpModeChoice},
     lab::{self, FlowResult, Topology, Upload, UploadSpec},
     record::{self, Collect, Outcome, RecordOptions},
-    report::TrafficStats,
 };
 
 /// True when running as root; otherwise says the test is skipped.
@@ -47,20 +47,21 @@ pub fn traced_lab(
     Ok((topo, tracer))
 }
 
-/// Runs an upload and records everything the tracer sees meanwhile.
+/// Runs an upload and records everything the tracer sees meanwhile, through
+/// the engine as `tracer record` does.
 pub fn record_upload(
     topo: &Topology,
     tracer: &mut Tracer,
     spec: &UploadSpec,
-) -> Result<(Outcome, Collect, Vec<FlowResult>)> {
+) -> Result<(Outcome, Collect, Vec<FlowResult>, Engine)> {
     let upload = Upload::start(topo, spec)?;
     // Room up front: growing a vector of a million observations stalls the
     // consumer long enough to fill the ring under a multi-gigabit upload.
     let mut collect = Collect(Vec::with_capacity(4_000_000));
-    let mut stats = TrafficStats::default();
+    let mut engine = Engine::new(EngineConfig::default());
     let outcome = record::run(
         tracer,
-        &mut stats,
+        &mut engine,
         &mut [&mut collect],
         || upload.finished(),
         &RecordOptions {
@@ -69,7 +70,7 @@ pub fn record_upload(
         },
     )?;
     let results = upload.join()?;
-    Ok((outcome, collect, results))
+    Ok((outcome, collect, results, engine))
 }
 
 /// How a set of byte ranges covers [0, len): bytes covered more than once,
@@ -130,6 +131,67 @@ pub fn online_cpus() -> u32 {
             None => 1,
         })
         .sum()
+}
+
+/// Drops every `nth` TCP segment of 1000 bytes or more to port 5201 at
+/// INPUT in namespace `ns` (after XDP, before TCP). The rule goes with the
+/// namespace.
+pub fn drop_every_nth_data_segment(ns: &str, nth: u32) {
+    let nth = nth.to_string();
+    lab::ip(&[
+        "netns",
+        "exec",
+        ns,
+        "iptables",
+        "-A",
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        "5201",
+        "-m",
+        "length",
+        "--length",
+        "1000:65535",
+        "-m",
+        "statistic",
+        "--mode",
+        "nth",
+        "--every",
+        &nth,
+        "--packet",
+        "0",
+        "-j",
+        "DROP",
+    ])
+    .expect("iptables rule");
+}
+
+/// Packets the rule of [`drop_every_nth_data_segment`] dropped so far
+/// (iptables' own counter).
+pub fn dropped_by_rule(ns: &str) -> u64 {
+    let out = lab::ip(&["netns", "exec", ns, "iptables", "-nvxL", "INPUT"]).expect("iptables -L");
+    out.lines()
+        .find(|l| l.contains("DROP") && l.contains("dpt:5201"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no drop rule in:\n{out}"))
+}
+
+/// Packets the veth pair dropped itself (e.g. its XDP ring was full): the
+/// sum of both ends' rx and tx `dropped` counters.
+pub fn veth_drops(topo: &Topology) -> u64 {
+    [
+        (&topo.client_ns, lab::CLIENT_IF),
+        (&topo.server_ns, lab::SERVER_IF),
+    ]
+    .iter()
+    .map(|(ns, dev)| {
+        let out = lab::ip(&["-n", ns, "-s", "-j", "link", "show", dev]).expect("ip -s link");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("ip -j output");
+        let s = &v[0]["stats64"];
+        s["rx"]["dropped"].as_u64().unwrap_or(0) + s["tx"]["dropped"].as_u64().unwrap_or(0)
+    })
+    .sum()
 }
 
 #[cfg(test)]

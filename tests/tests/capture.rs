@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use tests::{coverage, online_cpus, record_upload, root_or_skip, traced_lab, Side};
+use tests::{
+    coverage, drop_every_nth_data_segment, online_cpus, record_upload, root_or_skip, traced_lab,
+    Side,
+};
 use tracer::{
     kernel::{self, AttachedMode, XdpModeChoice},
     lab::{self, Topology, UploadSpec},
@@ -28,7 +31,7 @@ fn clean_upload_is_traced_exactly(ipv6: bool, mode: XdpModeChoice) {
         ipv6,
         timeout: Duration::from_secs(60),
     };
-    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     let flow = &results[0];
     assert_eq!(flow.received, BYTES, "the receiver got the whole upload");
 
@@ -187,7 +190,7 @@ fn filter_keeps_other_flows_out_of_the_ring() {
     // Another port: nothing reaches the ring, everything is counted.
     let (topo, mut tracer) =
         traced_lab(2, Side::Server, XdpModeChoice::Auto, "port 5999").expect("lab and tracer");
-    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     assert!(results.iter().all(|r| r.received == 4 << 20));
     assert!(
         seen.0.is_empty(),
@@ -206,7 +209,7 @@ fn filter_keeps_other_flows_out_of_the_ring() {
     let filter = format!("host {} and port 5201", lab::CLIENT_V4);
     let (topo, mut tracer) =
         traced_lab(2, Side::Server, XdpModeChoice::Auto, &filter).expect("lab and tracer");
-    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     assert_eq!(outcome.counters.get(XDP_FILTERED), 0);
     for r in &results {
         let payload: u64 = seen
@@ -229,7 +232,7 @@ fn filter_keeps_other_flows_out_of_the_ring() {
     // An IPv6 prefix the IPv4 upload is not in.
     let (topo, mut tracer) =
         traced_lab(2, Side::Server, XdpModeChoice::Auto, "net fd77::/64").expect("lab and tracer");
-    let (outcome, seen, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, _, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     assert!(seen.0.is_empty());
     assert_eq!(
         outcome.counters.get(XDP_FILTERED),
@@ -250,33 +253,7 @@ fn local_retransmissions_match_the_senders_own_count() {
         traced_lab(2, Side::Client, XdpModeChoice::Auto, "").expect("lab and tracer");
     // Every 150th data segment into the server is dropped after the wire,
     // before TCP: the server SACKs around the hole, the client retransmits.
-    lab::ip(&[
-        "netns",
-        "exec",
-        &topo.server_ns,
-        "iptables",
-        "-A",
-        "INPUT",
-        "-p",
-        "tcp",
-        "--dport",
-        "5201",
-        "-m",
-        "length",
-        "--length",
-        "1000:65535",
-        "-m",
-        "statistic",
-        "--mode",
-        "nth",
-        "--every",
-        "150",
-        "--packet",
-        "0",
-        "-j",
-        "DROP",
-    ])
-    .expect("iptables rule");
+    drop_every_nth_data_segment(&topo.server_ns, 150);
     let spec = UploadSpec {
         flows: 1,
         bytes_per_flow: 16 << 20,
@@ -284,7 +261,7 @@ fn local_retransmissions_match_the_senders_own_count() {
         ipv6: false,
         timeout: Duration::from_secs(60),
     };
-    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     let flow = &results[0];
     assert_eq!(flow.received, 16 << 20);
     assert_eq!(outcome.counters.dropped(), 0);
@@ -359,7 +336,7 @@ fn tcp_probe_under_load_is_accounted_exactly() {
         ipv6: false,
         timeout: Duration::from_secs(60),
     };
-    let (outcome, seen, results) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     let c = outcome.counters;
     let probes = seen
         .0
@@ -425,5 +402,109 @@ fn tcp_probe_under_load_is_accounted_exactly() {
             tcp.gaps.len()
         );
         assert_eq!(tcp.beyond_end, 0);
+    }
+}
+
+/// One RX queue cannot reorder a flow: on this path the engine must report
+/// zero reordered segments, and its byte counts must match what the
+/// receiving socket got.
+#[test]
+fn clean_single_queue_upload_reports_no_reordering() {
+    if !root_or_skip("clean_single_queue_upload_reports_no_reordering") {
+        return;
+    }
+    let (topo, mut tracer) =
+        traced_lab(1, Side::Server, XdpModeChoice::Auto, "").expect("lab and tracer");
+    let spec = UploadSpec {
+        flows: 2,
+        bytes_per_flow: 32 << 20,
+        port: 5201,
+        ipv6: false,
+        timeout: Duration::from_secs(60),
+    };
+    let (outcome, _, results, engine) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    assert_eq!(outcome.counters.ring_full(), 0);
+    let snapshot = engine.snapshot();
+    for r in &results {
+        let f = snapshot
+            .flows
+            .iter()
+            .find(|f| f.src == r.flow.src.to_string() && f.dst == r.flow.dst.to_string())
+            .expect("flow in the snapshot");
+        assert_eq!(f.reordered, 0, "{}: {}", f.flow(), f.evidence);
+        assert_eq!(f.verdict, tracer::engine::verdict::Verdict::None);
+        assert_eq!(f.rx_queues.len(), 1);
+        // New bytes = what the socket received; duplicates come only from
+        // real retransmissions.
+        let dup_bytes = f.payload_bytes - r.received;
+        assert!(
+            dup_bytes <= u64::from(r.retransmits) * 1500,
+            "{dup_bytes} duplicate bytes"
+        );
+        assert!(f.duplicates + f.retransmissions <= u64::from(r.retransmits));
+    }
+    assert_eq!(snapshot.totals.reordering.reordered, 0);
+}
+
+/// Loss is not reordering. Segments dropped after XDP (at the server's
+/// INPUT) are retransmitted by the client, so XDP sees those bytes twice:
+/// the engine must call each second copy a duplicate, at least as many as
+/// iptables counts drops. Segments the veth itself drops before XDP (its
+/// XDP ring fills now and then; counted in its `dropped` stats) come back
+/// as late retransmissions, at most as many as it dropped. Both together
+/// cannot exceed what the sender says it retransmitted
+/// (`tcpi_total_retrans`); nothing is reordered or ambiguous; and when the
+/// veth dropped nothing, the counts are exact.
+#[test]
+fn retransmitted_segments_are_duplicates_at_the_receiver_not_reordering() {
+    if !root_or_skip("retransmitted_segments_are_duplicates_at_the_receiver_not_reordering") {
+        return;
+    }
+    let (topo, mut tracer) =
+        traced_lab(1, Side::Server, XdpModeChoice::Auto, "").expect("lab and tracer");
+    drop_every_nth_data_segment(&topo.server_ns, 150);
+    let spec = UploadSpec {
+        flows: 1,
+        bytes_per_flow: 16 << 20,
+        port: 5201,
+        ipv6: false,
+        timeout: Duration::from_secs(60),
+    };
+    let (outcome, _, results, engine) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    assert_eq!(outcome.counters.dropped(), 0);
+    let r = &results[0];
+    assert_eq!(r.received, 16 << 20);
+    assert!(r.retransmits > 0, "the drop rule forced no retransmission");
+    let dropped = tests::dropped_by_rule(&topo.server_ns);
+    let veth_dropped = tests::veth_drops(&topo);
+    let snapshot = engine.snapshot();
+    let f = snapshot
+        .flows
+        .iter()
+        .find(|f| f.src == r.flow.src.to_string())
+        .expect("the upload in the snapshot");
+    eprintln!(
+        "tcpi_total_retrans {}: engine duplicates {} ({} partial), retransmissions {}, in order {}, iptables drops {}, veth drops {}",
+        r.retransmits,
+        f.duplicates,
+        f.partial_duplicates,
+        f.retransmissions,
+        f.in_order,
+        dropped,
+        veth_dropped
+    );
+    assert_eq!(f.reordered, 0, "{}", f.evidence);
+    assert_eq!(f.ambiguous, 0);
+    assert!(dropped > 0);
+    // Every copy iptables dropped was seen once already.
+    assert!(f.duplicates >= dropped);
+    // A late retransmission means XDP never saw the original: the veth
+    // dropped it.
+    assert!(f.retransmissions <= veth_dropped);
+    assert!(f.duplicates + f.retransmissions <= u64::from(r.retransmits));
+    if veth_dropped == 0 {
+        // Nothing else lost, so no spurious recovery: exact.
+        assert_eq!(f.duplicates, dropped);
+        assert_eq!(f.retransmissions, 0);
     }
 }

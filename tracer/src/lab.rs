@@ -204,7 +204,7 @@ pub struct UploadSpec {
 }
 
 /// What one flow of an upload did, from the sockets' own point of view.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct FlowResult {
     /// Client -> server.
     pub flow: Flow,

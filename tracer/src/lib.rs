@@ -6,6 +6,7 @@
 //! (typed observations) -> [`record`] (the collection loop) -> sinks
 //! ([`report`], [`jsonl`]). [`lab`] builds self-contained test networks.
 
+pub mod engine;
 pub mod error;
 pub mod filter;
 pub mod jsonl;
@@ -13,6 +14,7 @@ pub mod kernel;
 pub mod lab;
 pub mod record;
 pub mod report;
+pub mod snapshot;
 pub mod source;
 
 pub use error::{require_root, SetupError};

@@ -1,20 +1,21 @@
 //! `tracer`: the command-line front end. All logic lives in the library.
 //!
 //! Exit codes: 0 success; 1 runtime failure; 2 bad input or missing
-//! prerequisite (nothing was attached); 3 finished, but the kernel dropped
-//! events (the ring buffer was full), so the results are incomplete.
+//! prerequisite (nothing was attached); 3 finished, but the kernel lost
+//! events (ring buffer full, or tracepoint runs it skipped), so the results
+//! are incomplete.
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 use tracer::{
+    engine::{Engine, EngineConfig},
     jsonl::JsonLines,
     kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
     record::{self, Outcome, RecordOptions, Sink, StopReason},
-    report::TrafficStats,
-    Filter, SetupError,
+    report, Filter, SetupError,
 };
 
 #[derive(Parser)]
@@ -50,6 +51,42 @@ struct TraceArgs {
     /// No progress line every second.
     #[arg(long)]
     quiet: bool,
+    /// Print the final report as JSON (stdout) instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Flow directions tracked at once (least recently seen evicted).
+    #[arg(long, default_value_t = 65_536)]
+    max_flows: usize,
+    /// RFC 5236 displacement threshold DT (reorder density RD), segments.
+    #[arg(long, default_value_t = 64)]
+    dt: u32,
+    /// RFC 5236 buffer threshold BT (buffer-occupancy density RBD), segments.
+    #[arg(long, default_value_t = 64)]
+    bt: u32,
+}
+
+impl TraceArgs {
+    fn engine(&self) -> Result<Engine, SetupError> {
+        if !(1..=10_000_000).contains(&self.max_flows) {
+            return Err(SetupError::BadArgument(format!(
+                "--max-flows {}: give 1 to 10000000",
+                self.max_flows
+            )));
+        }
+        for (flag, v) in [("--dt", self.dt), ("--bt", self.bt)] {
+            if !(1..=4096).contains(&v) {
+                return Err(SetupError::BadArgument(format!(
+                    "{flag} {v}: give 1 to 4096"
+                )));
+            }
+        }
+        Ok(Engine::new(EngineConfig {
+            max_flows: self.max_flows,
+            dt: self.dt,
+            bt: self.bt,
+            ..EngineConfig::default()
+        }))
+    }
 }
 
 #[derive(Args)]
@@ -162,6 +199,7 @@ fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
         filter,
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
     };
+    let mut engine = args.trace.engine()?;
     tracer::require_root()?;
     let mut out = open_outputs(&args.trace)?;
     let mut tracer = Tracer::attach(&opts)?;
@@ -175,26 +213,28 @@ fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
             .unwrap_or_default(),
         tracer.mode
     );
-    let mut stats = TrafficStats::default();
     let outcome = collect(
         &mut tracer,
-        &mut stats,
+        &mut engine,
         out.as_mut(),
         || false,
         duration,
         !args.trace.quiet,
     )?;
     drop(tracer);
-    print!(
-        "{}",
-        stats.summary(outcome.elapsed, &outcome.counters, &header(&opts, &outcome))
+    print_report(
+        &engine,
+        &outcome,
+        &header(&opts, &outcome),
+        args.trace.json,
+        None,
     );
-    finish(&outcome, out.as_ref())
+    finish(&outcome, out.as_ref(), args.trace.json)
 }
 
 fn collect(
     tracer: &mut Tracer,
-    stats: &mut TrafficStats,
+    engine: &mut Engine,
     out: Option<&mut JsonLines>,
     until: impl FnMut() -> bool,
     duration: Option<Duration>,
@@ -206,17 +246,40 @@ fn collect(
     }
     record::run(
         tracer,
-        stats,
+        engine,
         &mut sinks,
         until,
         &RecordOptions { duration, progress },
     )
 }
 
+/// The final report, text or JSON; `extra` is added to the JSON's top level.
+fn print_report(
+    engine: &Engine,
+    outcome: &Outcome,
+    header: &str,
+    json: bool,
+    extra: Option<(&str, serde_json::Value)>,
+) {
+    let snapshot = engine.snapshot().with_kernel(&outcome.counters);
+    if json {
+        let mut v = serde_json::to_value(&snapshot).expect("snapshot serialises");
+        if let Some((key, value)) = extra {
+            v[key] = value;
+        }
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+    } else {
+        print!(
+            "{}",
+            report::text(&snapshot, &outcome.counters, outcome.elapsed, header)
+        );
+    }
+}
+
 fn header(opts: &TracerOptions, o: &Outcome) -> String {
     let stop = match o.stop {
         StopReason::Duration => "duration reached".to_string(),
-        StopReason::Signal(s) => format!("{s}"),
+        StopReason::Signal(s) => s.to_string(),
         StopReason::Finished => "transfer finished".to_string(),
     };
     format!(
@@ -230,17 +293,28 @@ fn header(opts: &TracerOptions, o: &Outcome) -> String {
     )
 }
 
-/// Final lines shared by every command, and the exit code.
-fn finish(outcome: &Outcome, out: Option<&JsonLines>) -> Result<ExitCode> {
+/// Final lines shared by every command (stderr when stdout is JSON), and
+/// the exit code.
+fn finish(outcome: &Outcome, out: Option<&JsonLines>, json: bool) -> Result<ExitCode> {
+    let say = |line: String| {
+        if json {
+            eprintln!("{}", line.trim_start());
+        } else {
+            println!("{line}");
+        }
+    };
     if outcome.decode_errors > 0 || outcome.missing() > 0 {
-        println!(
+        say(format!(
             "  WARNING    {} records did not decode, {} emitted records were not read",
             outcome.decode_errors,
             outcome.missing()
-        );
+        ));
     }
     if let Some(out) = out {
-        println!("  wrote      {} observations (JSON lines)", out.written());
+        say(format!(
+            "  wrote      {} observations (JSON lines)",
+            out.written()
+        ));
     }
     Ok(if outcome.counters.dropped() > 0 {
         ExitCode::from(3)
@@ -263,6 +337,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             SetupError::BadArgument(format!("--queues {}: give 1 to 64", args.queues)).into(),
         );
     }
+    let mut engine = args.trace.engine()?;
     tracer::require_root()?;
     let mut out = open_outputs(&args.trace)?;
     let topo = lab::Topology::create(&lab::TopologyOptions {
@@ -277,11 +352,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     };
     let mut tracer = Tracer::attach(&opts)?;
     eprintln!(
-        "lab: {} x {:.0} MB upload over {} ({}), {} -> {} ({} queues), traced with XDP {}",
+        "lab: {} x {:.0} MB upload over {} (kernel TCP), {} -> {} ({} queues), traced with XDP {}",
         args.flows,
         args.bytes as f64 / 1e6,
         if args.ipv6 { "IPv6" } else { "IPv4" },
-        "kernel TCP",
         topo.client_ns,
         topo.server_ns,
         topo.queues,
@@ -297,10 +371,9 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             timeout,
         },
     )?;
-    let mut stats = TrafficStats::default();
     let outcome = collect(
         &mut tracer,
-        &mut stats,
+        &mut engine,
         out.as_mut(),
         || upload.finished(),
         Some(timeout + Duration::from_secs(1)),
@@ -312,22 +385,31 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     drop(topo);
     let outcome = outcome?;
     let results = results?;
-    print!(
-        "{}",
-        stats.summary(outcome.elapsed, &outcome.counters, &header(&opts, &outcome))
+    let ground_truth = serde_json::to_value(&results).expect("lab results serialise");
+    print_report(
+        &engine,
+        &outcome,
+        &header(&opts, &outcome),
+        args.trace.json,
+        Some(("lab", ground_truth)),
     );
-    println!("  lab ground truth (the sockets' own byte counts):");
-    for r in &results {
-        let traced = stats.flows.get(&r.flow).map_or(0, |f| f.payload_bytes);
-        println!(
-            "    {}  sent {:.1} MB, received {:.1} MB, sender retransmissions {}; traced payload {:.1} MB ({:.1}% of received)",
-            r.flow,
-            r.sent as f64 / 1e6,
-            r.received as f64 / 1e6,
-            r.retransmits,
-            traced as f64 / 1e6,
-            traced as f64 * 100.0 / r.received.max(1) as f64
-        );
+    if !args.trace.json {
+        println!("  lab ground truth (the sockets' own byte counts):");
+        for r in &results {
+            let traced = engine
+                .flow_state(&r.flow)
+                .and_then(|f| f.wire_metrics())
+                .map_or(0, |m| m.payload_bytes);
+            println!(
+                "    {}  sent {:.1} MB, received {:.1} MB, sender retransmissions {}; traced payload {:.1} MB ({:.1}% of received)",
+                r.flow,
+                r.sent as f64 / 1e6,
+                r.received as f64 / 1e6,
+                r.retransmits,
+                traced as f64 / 1e6,
+                traced as f64 * 100.0 / r.received.max(1) as f64
+            );
+        }
     }
-    finish(&outcome, out.as_ref())
+    finish(&outcome, out.as_ref(), args.trace.json)
 }

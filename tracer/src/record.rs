@@ -15,8 +15,9 @@ use std::{
 use anyhow::{Context, Result};
 
 use crate::{
+    engine::Engine,
     kernel::{Counters, Tracer},
-    report::TrafficStats,
+    report,
     source::{self, Observation},
 };
 
@@ -76,7 +77,7 @@ impl Outcome {
 /// detaches it and drains what is left.
 pub fn run(
     tracer: &mut Tracer,
-    stats: &mut TrafficStats,
+    engine: &mut Engine,
     sinks: &mut [&mut dyn Sink],
     mut until: impl FnMut() -> bool,
     opts: &RecordOptions,
@@ -85,6 +86,7 @@ pub fn run(
     let start = Instant::now();
     let deadline = opts.duration.map(|d| start + d);
     let mut last_tick = start;
+    let mut last_live = engine.live();
     let mut received = 0u64;
     let mut decode_errors = 0u64;
     let stop = loop {
@@ -104,21 +106,29 @@ pub fn run(
             }
             if opts.progress {
                 let counters = tracer.counters()?;
+                let live = engine.live();
                 eprintln!(
                     "{}",
-                    stats.progress_line(now - start, now - last_tick, &counters)
+                    report::progress_line(
+                        &live,
+                        &last_live,
+                        now - start,
+                        now - last_tick,
+                        &counters
+                    )
                 );
+                last_live = live;
             }
             last_tick = now;
         }
-        if drain(tracer, stats, sinks, &mut received, &mut decode_errors) {
+        if drain(tracer, engine, sinks, &mut received, &mut decode_errors) {
             wait_readable(tracer, POLL_TIMEOUT)?;
         }
     };
     // Detach first: then nothing more arrives, the drain below gets all the
     // kernel wrote, and the counters read after it are final.
     tracer.detach();
-    while !drain(tracer, stats, sinks, &mut received, &mut decode_errors) {}
+    while !drain(tracer, engine, sinks, &mut received, &mut decode_errors) {}
     for sink in sinks.iter_mut() {
         sink.flush()?;
     }
@@ -213,7 +223,7 @@ const DRAIN_BATCH: usize = 65_536;
 
 fn drain(
     tracer: &mut Tracer,
-    stats: &mut TrafficStats,
+    engine: &mut Engine,
     sinks: &mut [&mut dyn Sink],
     received: &mut u64,
     decode_errors: &mut u64,
@@ -226,7 +236,7 @@ fn drain(
         *received += 1;
         match source::decode(&record) {
             Ok(obs) => {
-                stats.observe(&obs);
+                engine.observe_obs(&obs);
                 for sink in sinks.iter_mut() {
                     sink.observe(&obs);
                 }

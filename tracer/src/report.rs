@@ -1,256 +1,249 @@
-//! Traffic statistics over the observation stream, the one-line progress
-//! summary printed every second, and the final summary.
+//! Renders a [`Snapshot`]: the one-line progress summary printed every
+//! second, the final text report, and the JSON report.
 
-use std::{collections::HashMap, fmt::Write as _, time::Duration};
+use std::{fmt::Write as _, time::Duration};
 
 use crate::{
+    engine::{verdict::Verdict, Live},
     kernel::Counters,
-    record::Sink,
-    source::{Flow, Observation},
+    snapshot::{Distribution, FlowReport, Snapshot},
 };
 use tracer_common::counter;
 
-/// Flows tracked individually; beyond this they are counted, not itemised.
-pub const MAX_TRACKED_FLOWS: usize = 65_536;
-
-#[derive(Clone, Debug, Default)]
-pub struct FlowStats {
-    /// XDP segments (any flags) and the payload bytes they carried.
-    pub segments: u64,
-    pub data_segments: u64,
-    pub payload_bytes: u64,
-    /// `tcp_probe` events and their payload bytes (GRO may merge segments).
-    pub probes: u64,
-    pub probe_bytes: u64,
-    pub retransmits: u64,
-    /// (RX queue, segments) and (CPU, segments), in first-seen order.
-    pub rx_queues: Vec<(u32, u64)>,
-    pub cpus: Vec<(u32, u64)>,
-    pub first_ns: u64,
-    pub last_ns: u64,
+/// One line: rates since the previous line, flows, reordering, drops.
+pub fn progress_line(
+    now: &Live,
+    prev: &Live,
+    elapsed: Duration,
+    interval: Duration,
+    counters: &Counters,
+) -> String {
+    let secs = interval.as_secs_f64().max(1e-9);
+    let seg_rate = (now.segments - prev.segments) as f64 / secs;
+    let mbit = (now.payload_bytes - prev.payload_bytes) as f64 * 8.0 / secs / 1e6;
+    let probe_rate = (now.probes - prev.probes) as f64 / secs;
+    let dropped = counters.dropped();
+    format!(
+        "[{:>5.1}s] {:>9} seg/s {:>9.1} Mbit/s  tcp_probe {:>9}/s  flows {:>5}  reordered {:>8}  dropped {}{}",
+        elapsed.as_secs_f64(),
+        si(seg_rate),
+        mbit,
+        si(probe_rate),
+        now.flows,
+        now.reordered,
+        dropped,
+        if dropped > 0 { "  <-- EVENTS LOST" } else { "" }
+    )
 }
 
-fn bump(list: &mut Vec<(u32, u64)>, key: u32) {
-    match list.iter_mut().find(|(k, _)| *k == key) {
-        Some((_, n)) => *n += 1,
-        None => list.push((key, 1)),
-    }
+/// The JSON report (the snapshot, with the kernel counters).
+pub fn json(snapshot: &Snapshot) -> String {
+    serde_json::to_string_pretty(snapshot).expect("snapshot serialises")
 }
 
-/// Totals and per-flow statistics of everything observed.
-#[derive(Clone, Debug, Default)]
-pub struct TrafficStats {
-    pub segments: u64,
-    pub payload_bytes: u64,
-    pub probes: u64,
-    pub retransmits: u64,
-    pub flows: HashMap<Flow, FlowStats>,
-    /// Observations of flows beyond [`MAX_TRACKED_FLOWS`].
-    pub untracked: u64,
-    /// Values at the previous progress line, for rates.
-    last_segments: u64,
-    last_bytes: u64,
-    last_probes: u64,
-}
+/// Flows shown in the text report.
+const WORST_FLOWS: usize = 10;
 
-impl TrafficStats {
-    fn flow(&mut self, flow: Flow, ts_ns: u64) -> Option<&mut FlowStats> {
-        if !self.flows.contains_key(&flow) && self.flows.len() >= MAX_TRACKED_FLOWS {
-            self.untracked += 1;
-            return None;
-        }
-        let f = self.flows.entry(flow).or_insert_with(|| FlowStats {
-            first_ns: ts_ns,
-            ..Default::default()
-        });
-        f.last_ns = ts_ns;
-        Some(f)
-    }
-
-    /// Flows that carried data, busiest first.
-    pub fn data_flows(&self) -> Vec<(&Flow, &FlowStats)> {
-        let mut v: Vec<_> = self
-            .flows
-            .iter()
-            .filter(|(_, f)| f.payload_bytes > 0 || f.probe_bytes > 0)
-            .collect();
-        v.sort_by(|a, b| b.1.payload_bytes.cmp(&a.1.payload_bytes).then(a.0.cmp(b.0)));
-        v
-    }
-
-    /// One line: rates since the previous call, flows, dropped events.
-    pub fn progress_line(
-        &mut self,
-        elapsed: Duration,
-        interval: Duration,
-        counters: &Counters,
-    ) -> String {
-        let secs = interval.as_secs_f64().max(1e-9);
-        let seg_rate = (self.segments - self.last_segments) as f64 / secs;
-        let mbit = (self.payload_bytes - self.last_bytes) as f64 * 8.0 / secs / 1e6;
-        let probe_rate = (self.probes - self.last_probes) as f64 / secs;
-        self.last_segments = self.segments;
-        self.last_bytes = self.payload_bytes;
-        self.last_probes = self.probes;
-        let dropped = counters.dropped();
-        format!(
-            "[{:>5.1}s] {:>9} seg/s {:>9.1} Mbit/s  tcp_probe {:>9}/s  flows {:>5}  dropped {}{}",
-            elapsed.as_secs_f64(),
-            si(seg_rate),
-            mbit,
-            si(probe_rate),
-            self.flows.len(),
-            dropped,
-            if dropped > 0 { "  <-- EVENTS LOST" } else { "" }
-        )
-    }
-
-    /// The final summary: totals, kernel counters, the busiest flows.
-    pub fn summary(&self, elapsed: Duration, counters: &Counters, header: &str) -> String {
-        let mut out = String::new();
-        let secs = elapsed.as_secs_f64().max(1e-9);
-        let _ = writeln!(out, "{header}");
+/// The final text report: totals, kernel counters, the worst flows.
+pub fn text(s: &Snapshot, counters: &Counters, elapsed: Duration, header: &str) -> String {
+    let mut out = String::new();
+    let t = &s.totals;
+    let r = &t.reordering;
+    let secs = elapsed.as_secs_f64().max(1e-9);
+    let _ = writeln!(out, "{header}");
+    let _ = writeln!(
+        out,
+        "  segments   {} seen by XDP, {} with data ({:.1} MB, {:.1} Mbit/s)",
+        t.segments,
+        r.data_segments,
+        r.payload_bytes as f64 / 1e6,
+        r.payload_bytes as f64 * 8.0 / secs / 1e6
+    );
+    let _ = writeln!(
+        out,
+        "  order      {} reordered ({}), {} retransmissions, {} duplicates ({} partial), {} ambiguous",
+        r.reordered,
+        pct(r.reordered_ratio),
+        r.retransmissions,
+        r.duplicates,
+        r.partial_duplicates,
+        r.ambiguous
+    );
+    if r.reordered > 0 {
+        let _ = writeln!(out, "  late       {}", lateness(r));
+        let _ = writeln!(out, "  n-reorder  {}", n_reordering(r));
+        let a = &r.attribution;
         let _ = writeln!(
             out,
-            "  segments   {} seen by XDP ({} with data, {:.1} MB payload, {:.1} Mbit/s)",
-            self.segments,
-            self.flows.values().map(|f| f.data_segments).sum::<u64>(),
-            self.payload_bytes as f64 / 1e6,
-            self.payload_bytes as f64 * 8.0 / secs / 1e6
+            "  attributed {} overtaken on another RX queue or CPU (queue {}, CPU {}, both {}, same {}); {} queue and {} CPU migrations",
+            pct(a.steered_share),
+            a.different_queue,
+            a.different_cpu,
+            a.different_queue_and_cpu,
+            a.same_queue_same_cpu,
+            r.queue_migrations,
+            r.cpu_migrations
         );
-        let _ = writeln!(
-            out,
-            "  tcp layer  {} tcp_probe events, {} local retransmissions",
-            self.probes, self.retransmits
-        );
-        let _ = writeln!(
-            out,
-            "  flows      {} ({} with data){}",
-            self.flows.len(),
-            self.data_flows().len(),
-            if self.untracked > 0 {
-                format!(
-                    ", {} observations of flows beyond the {MAX_TRACKED_FLOWS} tracked",
-                    self.untracked
-                )
-            } else {
-                String::new()
-            }
-        );
-        let ring_full = counters.ring_full();
-        if ring_full > 0 {
-            let _ = writeln!(
-                out,
-                "  DROPPED    {ring_full} events lost: the ring buffer was full (XDP {}, tcp_probe {}, retransmit {}). Results are incomplete; try a larger --ring-mib or a --filter.",
-                counters.get(counter::XDP_DROPPED),
-                counters.get(counter::PROBE_DROPPED),
-                counters.get(counter::RTX_DROPPED),
-            );
+    }
+    let verdicts: Vec<_> = [
+        Verdict::NicSteering,
+        Verdict::Upstream,
+        Verdict::Mixed,
+        Verdict::None,
+    ]
+    .iter()
+    .map(|v| format!("{v} {}", t.verdicts.get(v).copied().unwrap_or(0)))
+    .collect();
+    let _ = writeln!(
+        out,
+        "  flows      {} tracked{}; verdicts: {}",
+        s.tracked_flows,
+        if s.evicted_flows > 0 {
+            format!(" ({} evicted, counted in the totals)", s.evicted_flows)
         } else {
-            let _ = writeln!(out, "  dropped    0 events");
-        }
-        let (probe_lost, rtx_lost) = (counters.probe_lost(), counters.rtx_lost());
-        if probe_lost + rtx_lost > 0 {
-            let hits = counters.get(counter::PROBE_SEEN) + probe_lost;
-            let _ = writeln!(
-                out,
-                "  MISSED     {probe_lost} of {hits} tcp_probe and {rtx_lost} retransmit events: the kernel did not run the program, it was already running on that CPU",
-            );
-        }
-        let _ = writeln!(
-            out,
-            "  kernel     frames {}, TCP {}, non-TCP {}, truncated {}, unsupported headers {}, IP fragments {}, filtered {}, read errors {}",
-            counters.get(counter::XDP_FRAMES),
-            counters.get(counter::XDP_TCP),
-            counters.get(counter::XDP_NON_TCP),
-            counters.get(counter::XDP_TRUNCATED),
-            counters.get(counter::XDP_UNSUPPORTED),
-            counters.get(counter::XDP_FRAGMENTS),
-            counters.get(counter::XDP_FILTERED),
-            counters.get(counter::PROBE_READ_ERRORS) + counters.get(counter::RTX_READ_ERRORS),
-        );
-        let flows = self.data_flows();
-        if !flows.is_empty() {
-            let _ = writeln!(out, "  busiest flows:");
-        }
-        for (flow, f) in flows.iter().take(10) {
-            let _ = writeln!(
-                out,
-                "    {flow}  {} segments, {:.1} MB, {} tcp_probe{}, rx queues {}, cpus {}{}",
-                f.data_segments,
-                f.payload_bytes as f64 / 1e6,
-                f.probes,
-                tcp_layer_hole(f),
-                spread(&f.rx_queues),
-                spread(&f.cpus),
-                if f.retransmits > 0 {
-                    format!(", {} retransmitted", f.retransmits)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        if flows.len() > 10 {
-            let _ = writeln!(out, "    ... and {} more", flows.len() - 10);
-        }
-        out
+            String::new()
+        },
+        verdicts.join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "  tcp layer  {} tcp_probe events ({} late, {} duplicates), {} local retransmissions",
+        t.tcp_layer.events, t.tcp_layer.late, t.tcp_layer.duplicates, t.local_retransmit_events
+    );
+    kernel_lines(&mut out, counters);
+    let shown: Vec<_> = s
+        .flows
+        .iter()
+        .filter(|f| f.data_segments > 0)
+        .take(WORST_FLOWS)
+        .collect();
+    if !shown.is_empty() {
+        let _ = writeln!(out, "  flows, most reordered first:");
     }
+    for f in &shown {
+        flow_lines(&mut out, f);
+    }
+    let rest = s.flows.iter().filter(|f| f.data_segments > 0).count() - shown.len();
+    if rest > 0 {
+        let _ = writeln!(out, "    ... and {rest} more (--json has them all)");
+    }
+    out
 }
 
-impl Sink for TrafficStats {
-    fn observe(&mut self, obs: &Observation) {
-        match obs {
-            Observation::Segment(s) => {
-                self.segments += 1;
-                self.payload_bytes += u64::from(s.payload_len);
-                if let Some(f) = self.flow(s.flow, s.ts_ns) {
-                    f.segments += 1;
-                    if s.payload_len > 0 {
-                        f.data_segments += 1;
-                        f.payload_bytes += u64::from(s.payload_len);
-                    }
-                    bump(&mut f.rx_queues, s.rx_queue);
-                    bump(&mut f.cpus, s.cpu);
-                }
-            }
-            Observation::TcpProbe(p) => {
-                self.probes += 1;
-                if let Some(f) = self.flow(p.flow, p.ts_ns) {
-                    f.probes += 1;
-                    f.probe_bytes += u64::from(p.payload_len);
-                }
-            }
-            Observation::Retransmit(r) => {
-                self.retransmits += 1;
-                if let Some(f) = self.flow(r.flow, r.ts_ns) {
-                    f.retransmits += 1;
-                }
-            }
-        }
+fn flow_lines(out: &mut String, f: &FlowReport) {
+    let _ = writeln!(
+        out,
+        "    {}  {}: {} of {} segments reordered ({}), {} retransmitted, {:.1} MB{}, rx queues {}, cpus {}",
+        f.flow(),
+        f.verdict,
+        f.reordered,
+        f.data_segments,
+        pct(f.reordered_ratio),
+        f.retransmissions,
+        f.payload_bytes as f64 / 1e6,
+        tcp_layer_hole(f),
+        spread(&f.rx_queues),
+        spread(&f.cpus),
+    );
+    if f.reordered > 0 {
+        let _ = writeln!(out, "      {}", lateness(f));
+        let _ = writeln!(out, "      {}", f.evidence);
     }
 }
 
 /// When TCP's receive path was seen carrying visibly less payload than XDP
 /// saw arrive (the kernel did not run the tcp_probe program for some
 /// segments; XDP is the complete view), how much it saw.
-fn tcp_layer_hole(f: &FlowStats) -> String {
-    if f.probes == 0 || f.probe_bytes * 1000 >= f.payload_bytes * 999 {
+fn tcp_layer_hole(f: &FlowReport) -> String {
+    let (tcp, wire) = (f.tcp_layer.payload_bytes, f.payload_bytes);
+    if f.tcp_layer.events == 0 || tcp * 1000 >= wire * 999 {
         return String::new();
     }
     format!(
-        " (covering only {:.1}% of the payload)",
-        f.probe_bytes as f64 * 100.0 / f.payload_bytes.max(1) as f64
+        " (tcp_probe saw only {:.1}% of it)",
+        tcp as f64 * 100.0 / wire.max(1) as f64
     )
 }
 
-/// `0:61% 1:39%`: how segments spread over queues or CPUs.
-fn spread(list: &[(u32, u64)]) -> String {
-    let total: u64 = list.iter().map(|(_, n)| n).sum();
-    let mut sorted = list.to_vec();
-    sorted.sort();
-    sorted
+fn lateness(r: &crate::snapshot::Reordering) -> String {
+    let d = |x: &Distribution| format!("p50 {} p99 {} max {}", x.p50, x.p99, x.max);
+    format!(
+        "extent {} segments; late time {} µs; byte offset {} bytes",
+        d(&r.extent),
+        d(&r.late_time_us),
+        d(&r.byte_offset)
+    )
+}
+
+fn n_reordering(r: &crate::snapshot::Reordering) -> String {
+    r.n_reordering
         .iter()
-        .map(|(k, n)| format!("{k}:{:.0}%", *n as f64 * 100.0 / total.max(1) as f64))
+        .map(|n| format!("{}:{}", n.n, pct(n.degree)))
+        .collect::<Vec<_>>()
+        .join(" ")
+        + "  (n=3 is the duplicate-ACK threshold)"
+}
+
+fn kernel_lines(out: &mut String, counters: &Counters) {
+    let ring_full = counters.ring_full();
+    if ring_full > 0 {
+        let _ = writeln!(
+            out,
+            "  DROPPED    {ring_full} events lost: the ring buffer was full (XDP {}, tcp_probe {}, retransmit {}). Results are incomplete; try a larger --ring-mib or a --filter.",
+            counters.get(counter::XDP_DROPPED),
+            counters.get(counter::PROBE_DROPPED),
+            counters.get(counter::RTX_DROPPED),
+        );
+    } else {
+        let _ = writeln!(out, "  dropped    0 events");
+    }
+    let (probe_lost, rtx_lost) = (counters.probe_lost(), counters.rtx_lost());
+    if probe_lost + rtx_lost > 0 {
+        let hits = counters.get(counter::PROBE_SEEN) + probe_lost;
+        let _ = writeln!(
+            out,
+            "  MISSED     {probe_lost} of {hits} tcp_probe and {rtx_lost} retransmit events: the kernel did not run the program, it was already running on that CPU",
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  kernel     frames {}, TCP {}, non-TCP {}, truncated {}, unsupported headers {}, IP fragments {}, filtered {}, read errors {}",
+        counters.get(counter::XDP_FRAMES),
+        counters.get(counter::XDP_TCP),
+        counters.get(counter::XDP_NON_TCP),
+        counters.get(counter::XDP_TRUNCATED),
+        counters.get(counter::XDP_UNSUPPORTED),
+        counters.get(counter::XDP_FRAGMENTS),
+        counters.get(counter::XDP_FILTERED),
+        counters.get(counter::PROBE_READ_ERRORS) + counters.get(counter::RTX_READ_ERRORS),
+    );
+}
+
+fn pct(share: f64) -> String {
+    let p = share * 100.0;
+    if p == 0.0 {
+        "0%".to_string()
+    } else if p < 0.01 {
+        format!("{p:.4}%")
+    } else if p < 10.0 {
+        format!("{p:.2}%")
+    } else {
+        format!("{p:.0}%")
+    }
+}
+
+/// `0:61% 1:39%`: how segments spread over queues or CPUs.
+fn spread(list: &[crate::snapshot::Spread]) -> String {
+    let total: u64 = list.iter().map(|s| s.segments).sum();
+    list.iter()
+        .map(|s| {
+            let p = s.segments as f64 * 100.0 / total.max(1) as f64;
+            if p < 0.5 {
+                format!("{}:<1%", s.id)
+            } else {
+                format!("{}:{p:.0}%", s.id)
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -269,81 +262,105 @@ fn si(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::source::Segment;
+    use crate::{
+        engine::{Engine, EngineConfig},
+        source::{Flow, Observation, Segment},
+    };
 
-    fn seg(port: u16, len: u32, queue: u32) -> Observation {
-        Observation::Segment(Segment {
-            ts_ns: 1,
-            ifindex: 1,
-            rx_queue: queue,
-            cpu: 0,
-            flow: Flow {
-                src: format!("10.0.0.1:{port}").parse().unwrap(),
-                dst: "10.0.0.2:80".parse().unwrap(),
-            },
-            seq: 0,
-            ack: 0,
-            payload_len: len,
-            flags: 0x10,
-            window: 0,
-            ip_id: None,
-            timestamp: None,
-            sack: vec![],
-            vlan: None,
-            first_fragment: false,
-        })
+    fn engine_with(order: &[(u32, u32)]) -> Engine {
+        let mut e = Engine::new(EngineConfig::default());
+        let flow = Flow {
+            src: "10.0.0.1:1000".parse().unwrap(),
+            dst: "10.0.0.2:80".parse().unwrap(),
+        };
+        for (i, &(n, q)) in order.iter().enumerate() {
+            e.observe_obs(&Observation::Segment(Segment {
+                ts_ns: i as u64 * 1000,
+                ifindex: 1,
+                rx_queue: q,
+                cpu: q,
+                flow,
+                seq: 1 + n * 100,
+                ack: 0,
+                payload_len: 100,
+                flags: 0x10,
+                window: 0,
+                ip_id: None,
+                timestamp: Some((n, 0)),
+                sack: vec![],
+                vlan: None,
+                first_fragment: false,
+            }));
+        }
+        e
     }
 
     #[test]
-    fn counts_flows_queues_and_rates() {
-        let mut s = TrafficStats::default();
-        for q in [0, 1, 1, 1] {
-            s.observe(&seg(1000, 100, q));
-        }
-        s.observe(&seg(1001, 0, 0));
-        assert_eq!(s.segments, 5);
-        assert_eq!(s.payload_bytes, 400);
-        assert_eq!(s.data_flows().len(), 1);
-        let f = &s.data_flows()[0].1;
-        assert_eq!(spread(&f.rx_queues), "0:25% 1:75%");
-        let line = s.progress_line(
-            Duration::from_secs(1),
-            Duration::from_secs(1),
+    fn text_report_names_the_verdict_and_its_evidence() {
+        let e = engine_with(&[(0, 0), (1, 0), (3, 1), (4, 1), (2, 0), (5, 1)]);
+        let text = text(
+            &e.snapshot(),
             &Counters::default(),
+            Duration::from_secs(1),
+            "hdr",
+        );
+        assert!(
+            text.contains("1 reordered (16.7%)") || text.contains("1 reordered (17%)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nic-steering: 1 of 6 segments reordered"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1 of 1 reordered segments overtaken on another RX queue or CPU"),
+            "{text}"
+        );
+        assert!(
+            text.contains("verdicts: nic-steering 1, upstream 0, mixed 0, none 0"),
+            "{text}"
+        );
+        assert!(text.contains("dropped    0 events"), "{text}");
+    }
+
+    #[test]
+    fn progress_line_rates_and_drops() {
+        let prev = Live::default();
+        let now = Live {
+            segments: 5,
+            payload_bytes: 400,
+            probes: 2,
+            reordered: 1,
+            flows: 2,
+        };
+        let mut c = Counters::default();
+        let line = progress_line(
+            &now,
+            &prev,
+            Duration::from_secs(1),
+            Duration::from_secs(1),
+            &c,
         );
         assert!(line.contains("5 seg/s"), "{line}");
-        assert!(line.contains("0.0 Mbit/s"), "{line}"); // 3.2 kbit
         assert!(line.contains("flows     2"), "{line}");
+        assert!(!line.contains("LOST"), "{line}");
+        c.map[counter::XDP_DROPPED as usize] = 7;
+        assert!(
+            progress_line(&now, &prev, Duration::ZERO, Duration::from_secs(1), &c)
+                .contains("EVENTS LOST")
+        );
     }
 
     #[test]
-    fn tcp_layer_holes_are_shown() {
-        let mut f = FlowStats {
-            probes: 10,
-            payload_bytes: 1000,
-            probe_bytes: 999,
-            ..Default::default()
-        };
-        assert_eq!(tcp_layer_hole(&f), "");
-        f.probe_bytes = 900;
-        assert_eq!(tcp_layer_hole(&f), " (covering only 90.0% of the payload)");
-        f.probes = 0;
-        assert_eq!(tcp_layer_hole(&f), "");
-    }
-
-    #[test]
-    fn dropped_events_are_shouted() {
+    fn dropped_and_missed_events_are_shouted() {
         let mut c = Counters::default();
         c.map[counter::XDP_DROPPED as usize] = 7;
         // 10 hits: 6 ran the first copy, 4 skipped it; 8 were handled.
         c.map[counter::PROBE_FIRST_COPY_RUNS as usize] = 6;
         c.probe_first_copy_misses = 4;
         c.map[counter::PROBE_SEEN as usize] = 8;
-        let mut s = TrafficStats::default();
-        assert!(s
-            .progress_line(Duration::ZERO, Duration::from_secs(1), &c)
-            .contains("EVENTS LOST"));
-        let text = s.summary(Duration::from_secs(1), &c, "x");
+        let e = engine_with(&[(0, 0)]);
+        let text = text(&e.snapshot(), &c, Duration::from_secs(1), "x");
         assert!(
             text.contains("DROPPED    7 events lost: the ring buffer was full"),
             "{text}"
@@ -356,27 +373,14 @@ mod tests {
     }
 
     #[test]
-    fn flow_table_is_bounded() {
-        let mut s = TrafficStats::default();
-        for i in 0..(MAX_TRACKED_FLOWS + 3) {
-            let flow = Flow {
-                src: std::net::SocketAddr::new(
-                    [10, 0, (i >> 8) as u8, i as u8].into(),
-                    (i >> 16) as u16 + 1,
-                ),
-                dst: "10.0.0.2:80".parse().unwrap(),
-            };
-            s.observe(&Observation::Retransmit(crate::source::Retransmit {
-                ts_ns: 0,
-                cpu: 0,
-                flow,
-                seq: 0,
-                end_seq: 0,
-                flags: 0,
-                err: 0,
-            }));
-        }
-        assert_eq!(s.flows.len(), MAX_TRACKED_FLOWS);
-        assert_eq!(s.untracked, 3);
+    fn json_report_carries_kernel_drops() {
+        let mut c = Counters::default();
+        c.map[counter::XDP_DROPPED as usize] = 3;
+        let e = engine_with(&[(0, 0), (1, 0)]);
+        let v: serde_json::Value =
+            serde_json::from_str(&json(&e.snapshot().with_kernel(&c))).unwrap();
+        assert_eq!(v["totals"]["dropped_events"], 3);
+        assert_eq!(v["totals"]["data_segments"], 2);
+        assert_eq!(v["kernel"]["xdp_dropped"], 3);
     }
 }

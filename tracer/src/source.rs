@@ -201,7 +201,8 @@ impl From<ProbeEvent> for TcpProbe {
             ack: e.ack_seq,
             payload_len: e.payload_len,
             flags: e.tcp_flags,
-            srtt_us: e.srtt_us,
+            // tcp_sock keeps srtt_us scaled by 8.
+            srtt_us: e.srtt_us >> 3,
             snd_cwnd: e.snd_cwnd,
             snd_una: e.snd_una,
             snd_nxt: e.snd_nxt,

@@ -1,4 +1,5 @@
-//! `cargo xtask setup | build-and-run | test`: the project's own tasks.
+//! `cargo xtask setup | build-and-run | test | bench`: the project's own
+//! tasks.
 
 use std::{
     path::{Path, PathBuf},
@@ -31,6 +32,9 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Benchmarks, each printing its figures beside a baseline measured in
+    /// the same run (ratios, not absolute times, are what to compare).
+    Bench,
 }
 
 /// The bpf-linker release that builds against the preinstalled nightly's
@@ -57,6 +61,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Task::Setup => setup().map(|()| ExitCode::SUCCESS),
         Task::BuildAndRun { args } => build_and_run(args),
         Task::Test { args } => test(&args),
+        Task::Bench => bench(),
     }
 }
 
@@ -197,5 +202,12 @@ fn test(extra: &[String]) -> Result<ExitCode> {
         .arg("test")
         .args(extra)
         .args(["--", "--test-threads=1"]))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn bench() -> Result<ExitCode> {
+    // Userspace only: the eBPF object is still built (tracer's build.rs).
+    setup()?;
+    sh(cargo().args(["bench", "--package", "tracer", "--bench", "engine"]))?;
     Ok(ExitCode::SUCCESS)
 }

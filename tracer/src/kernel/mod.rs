@@ -192,8 +192,16 @@ impl Tracer {
     /// Sums of the per-CPU kernel counters, and the kernel's own count of
     /// tracepoint runs it skipped.
     pub fn counters(&self) -> Result<Counters> {
-        let mut c = Counters::default();
-        for (i, slot) in c.map.iter_mut().enumerate() {
+        // Read while the programs run, the counters are not one instant.
+        // The order keeps derived figures from overshooting: misses, then
+        // first-copy runs (high indices), then the events handled, so
+        // `probe_lost` can only lag. After `detach` they are exact.
+        let mut c = Counters {
+            probe_first_copy_misses: recursion_misses(self.tcp_probe_fd.as_fd())?,
+            rtx_first_copy_misses: recursion_misses(self.retransmit_fd.as_fd())?,
+            ..Counters::default()
+        };
+        for (i, slot) in c.map.iter_mut().enumerate().rev() {
             *slot = self
                 .counters
                 .get(&(i as u32), 0)
@@ -201,8 +209,6 @@ impl Tracer {
                 .iter()
                 .sum();
         }
-        c.probe_first_copy_misses = recursion_misses(self.tcp_probe_fd.as_fd())?;
-        c.rtx_first_copy_misses = recursion_misses(self.retransmit_fd.as_fd())?;
         Ok(c)
     }
 }

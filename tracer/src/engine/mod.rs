@@ -1,0 +1,718 @@
+//! The reordering engine: observations in, per-flow and total metrics out.
+//!
+//! Pure: no I/O, no clock, no kernel; the same observation stream always
+//! gives the same [`Snapshot`]. Flow state is keyed by direction (a
+//! [`Flow`] is src -> dst) and bounded by an LRU of `max_flows` entries;
+//! an evicted flow's counts stay in the totals.
+//!
+//! Per flow direction, two views:
+//! * wire: the XDP segments, in the order and on the RX queue and CPU they
+//!   arrived. Everything below is computed here: RFC 4737 classes and
+//!   metrics ([`order`]), RFC 5236 densities ([`density`]), queue/CPU
+//!   attribution of each reordered segment, migrations and the verdict.
+//! * TCP layer: the `tcp_probe` events, in the order TCP processed them
+//!   (after GRO, on the CPU that ran TCP): in order, late or duplicate.
+
+pub mod density;
+pub mod flows;
+pub mod order;
+pub mod verdict;
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+
+use crate::{
+    record::Sink,
+    snapshot::{self, Snapshot},
+    source::{Flow, Observation, Retransmit, Segment, TcpProbe},
+};
+use density::{BufferDensity, ReorderDensity};
+use flows::FlowTable;
+use order::{Arrival, Class, Late, OrderDetector, Outcome, Unwrap, MAX_N};
+use tracer_common::tcp_flags::{ACK, RST, SYN};
+
+/// When a reordered segment's verdict evidence counts it as steered.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct VerdictRules {
+    /// At least this many reordered segments before a flow gets a verdict
+    /// other than `none`.
+    pub min_reordered: u64,
+    /// `nic-steering`: at least this share of reordered segments was
+    /// overtaken by a segment on another RX queue or CPU (and the flow
+    /// migrated at least once).
+    pub steering_share: f64,
+    /// `upstream`: at most this share was (the rest: same queue and CPU).
+    pub upstream_share: f64,
+}
+
+impl Default for VerdictRules {
+    fn default() -> Self {
+        Self {
+            min_reordered: 1,
+            steering_share: 0.75,
+            upstream_share: 0.25,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct EngineConfig {
+    /// Flow directions tracked at once (LRU).
+    pub max_flows: usize,
+    /// RFC 5236 displacement threshold (RD) and buffer threshold (RBD).
+    pub dt: u32,
+    pub bt: u32,
+    /// A reorder "follows a migration" within this long after it.
+    pub migration_window_ns: u64,
+    pub verdict: VerdictRules,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_flows: 65_536,
+            dt: 64,
+            bt: 64,
+            migration_window_ns: 10_000_000,
+            verdict: VerdictRules::default(),
+        }
+    }
+}
+
+/// How a reordered segment relates to the segment that overtook it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Attribution {
+    SameQueueSameCpu,
+    /// Another RX queue, the same CPU.
+    DifferentQueue,
+    /// The same RX queue, another CPU.
+    DifferentCpu,
+    /// Another RX queue and another CPU.
+    DifferentQueueAndCpu,
+}
+
+impl Attribution {
+    fn of(late: (u32, u32), overtaker: (u32, u32)) -> Self {
+        match (late.0 == overtaker.0, late.1 == overtaker.1) {
+            (true, true) => Self::SameQueueSameCpu,
+            (false, true) => Self::DifferentQueue,
+            (true, false) => Self::DifferentCpu,
+            (false, false) => Self::DifferentQueueAndCpu,
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One wire segment's result, for callers that want it per segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Classified {
+    pub class: Class,
+    pub late: Option<Late>,
+    pub attribution: Option<Attribution>,
+}
+
+/// A lazily created histogram (flows without reordering allocate none).
+#[derive(Clone, Debug, Default)]
+pub struct Hist(Option<Box<Histogram<u64>>>);
+
+impl Hist {
+    pub fn record(&mut self, v: u64) {
+        self.0
+            .get_or_insert_with(|| Box::new(Histogram::new(2).expect("2 significant figures")))
+            .saturating_record(v);
+    }
+
+    pub fn add(&mut self, other: &Hist) {
+        if let Some(o) = &other.0 {
+            let h = self
+                .0
+                .get_or_insert_with(|| Box::new(Histogram::new(2).expect("2 significant figures")));
+            // Auto-resizing histograms accept any other's range.
+            let _ = h.add(o.as_ref());
+        }
+    }
+
+    pub fn get(&self) -> Option<&Histogram<u64>> {
+        self.0.as_deref()
+    }
+}
+
+/// Counts and distributions of one flow direction's wire view (or of all).
+/// The counters every segment updates are inline; what only late segments
+/// touch is allocated on the first one.
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    pub data_segments: u64,
+    pub payload_bytes: u64,
+    pub in_order: u64,
+    pub reordered: u64,
+    pub retransmissions: u64,
+    pub duplicates: u64,
+    pub partial_duplicates: u64,
+    pub ambiguous: u64,
+    pub holes_opened: u64,
+    pub queue_migrations: u64,
+    pub cpu_migrations: u64,
+    pub late: Lazy<LateStats>,
+    /// RFC 5236 frequencies (summed over flows for the totals).
+    pub rd: Vec<u64>,
+    pub rd_beyond: u64,
+    pub rbd: Vec<u64>,
+}
+
+/// What reordered segments add to [`Metrics`].
+#[derive(Clone, Debug, Default)]
+pub struct LateStats {
+    /// Segments n-reordered for n = 1..=8 (index n-1).
+    pub n_reordered: [u64; MAX_N],
+    pub attribution: [u64; 4],
+    /// Reordered segments within the migration window after a migration.
+    pub reordered_after_migration: u64,
+    /// RFC 4737 §4.6 reordering-free runs: the sum of the squared lengths
+    /// of the runs closed by reordered segments (q; x is `reordered`, a is
+    /// `in_order`).
+    pub run_squares: u64,
+    pub extent: Hist,
+    pub late_time_us: Hist,
+    pub byte_offset: Hist,
+    pub gap: Hist,
+    pub gap_time_us: Hist,
+    /// Late time of reordered segments that arrived on the flow's previous
+    /// RX queue after it moved: how long segments sat on the old queue.
+    pub old_queue_late_us: Hist,
+    pub queue_pairs: BTreeMap<(u32, u32), u64>,
+    pub cpu_pairs: BTreeMap<(u32, u32), u64>,
+}
+
+/// What a flow without late segments reads.
+static NO_LATE: LateStats = LateStats {
+    n_reordered: [0; MAX_N],
+    attribution: [0; 4],
+    reordered_after_migration: 0,
+    run_squares: 0,
+    extent: Hist(None),
+    late_time_us: Hist(None),
+    byte_offset: Hist(None),
+    gap: Hist(None),
+    gap_time_us: Hist(None),
+    old_queue_late_us: Hist(None),
+    queue_pairs: BTreeMap::new(),
+    cpu_pairs: BTreeMap::new(),
+};
+
+impl LateStats {
+    fn add(&mut self, o: &LateStats) {
+        for (a, b) in self.n_reordered.iter_mut().zip(o.n_reordered) {
+            *a += b;
+        }
+        for (a, b) in self.attribution.iter_mut().zip(o.attribution) {
+            *a += b;
+        }
+        self.reordered_after_migration += o.reordered_after_migration;
+        self.run_squares += o.run_squares;
+        for (h, oh) in [
+            (&mut self.extent, &o.extent),
+            (&mut self.late_time_us, &o.late_time_us),
+            (&mut self.byte_offset, &o.byte_offset),
+            (&mut self.gap, &o.gap),
+            (&mut self.gap_time_us, &o.gap_time_us),
+            (&mut self.old_queue_late_us, &o.old_queue_late_us),
+        ] {
+            h.add(oh);
+        }
+        for (k, v) in &o.queue_pairs {
+            *self.queue_pairs.entry(*k).or_default() += v;
+        }
+        for (k, v) in &o.cpu_pairs {
+            *self.cpu_pairs.entry(*k).or_default() += v;
+        }
+    }
+}
+
+/// [`LateStats`] allocated on first write; reads as empty until then.
+#[derive(Clone, Debug, Default)]
+pub struct Lazy<T>(Option<Box<T>>);
+
+impl std::ops::Deref for Lazy<LateStats> {
+    type Target = LateStats;
+    fn deref(&self) -> &LateStats {
+        self.0.as_deref().unwrap_or(&NO_LATE)
+    }
+}
+
+impl std::ops::DerefMut for Lazy<LateStats> {
+    fn deref_mut(&mut self) -> &mut LateStats {
+        self.0.get_or_insert_with(Box::default)
+    }
+}
+
+impl Metrics {
+    fn add(&mut self, o: &Metrics) {
+        self.data_segments += o.data_segments;
+        self.payload_bytes += o.payload_bytes;
+        self.in_order += o.in_order;
+        self.reordered += o.reordered;
+        self.retransmissions += o.retransmissions;
+        self.duplicates += o.duplicates;
+        self.partial_duplicates += o.partial_duplicates;
+        self.ambiguous += o.ambiguous;
+        self.holes_opened += o.holes_opened;
+        self.queue_migrations += o.queue_migrations;
+        self.cpu_migrations += o.cpu_migrations;
+        if o.late.0.is_some() {
+            self.late.add(&o.late);
+        }
+        add_vec(&mut self.rd, &o.rd);
+        add_vec(&mut self.rbd, &o.rbd);
+        self.rd_beyond += o.rd_beyond;
+    }
+}
+
+fn add_vec(into: &mut Vec<u64>, from: &[u64]) {
+    if into.len() < from.len() {
+        into.resize(from.len(), 0);
+    }
+    for (a, b) in into.iter_mut().zip(from) {
+        *a += b;
+    }
+}
+
+/// The wire (XDP) view of one flow direction.
+#[derive(Clone, Debug)]
+struct WireView {
+    unwrap: Unwrap,
+    order: OrderDetector,
+    rd: ReorderDensity,
+    rbd: BufferDensity,
+    m: Metrics,
+    /// Current reordering-free run (RFC 4737 §4.6 r).
+    run: u64,
+    queue: u32,
+    cpu: u32,
+    /// The flow's queue before its last queue migration.
+    previous_queue: Option<u32>,
+    last_migration_ns: Option<u64>,
+}
+
+impl WireView {
+    fn new(first_seq: u32, cfg: &EngineConfig, first: &Segment) -> Self {
+        let unwrap = Unwrap::new(first_seq);
+        let start = unwrap.ext(first_seq);
+        let mut order = OrderDetector::default();
+        order.start(start);
+        Self {
+            unwrap,
+            order,
+            rd: ReorderDensity::new(cfg.dt, start),
+            rbd: BufferDensity::new(cfg.bt, start),
+            m: Metrics::default(),
+            run: 0,
+            queue: first.rx_queue,
+            cpu: first.cpu,
+            previous_queue: None,
+            last_migration_ns: None,
+        }
+    }
+}
+
+/// Everything kept about one flow direction.
+#[derive(Clone, Debug, Default)]
+pub struct FlowState {
+    wire: Option<WireView>,
+    /// TCP-layer order (tcp_probe): classes only.
+    tcp: Option<Box<(Unwrap, OrderDetector)>>,
+    pub tcp_layer: TcpLayer,
+    /// All XDP segments (data or not) and their spread.
+    pub segments: u64,
+    pub rx_queues: Spread,
+    pub cpus: Spread,
+    pub local_retransmits: u64,
+    /// The ISN, when the SYN was seen in this direction.
+    isn: Option<u32>,
+    /// Arrival of a SYN without ACK, until the handshake's next segment.
+    syn_ns: Option<u64>,
+    /// Round-trip time seen in the handshake (SYN to the next segment of
+    /// this direction, at this observer), or from the socket.
+    pub rtt_ns: Option<u64>,
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
+/// The TCP-layer view's counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TcpLayer {
+    pub events: u64,
+    pub payload_bytes: u64,
+    pub in_order: u64,
+    pub late: u64,
+    pub duplicates: u64,
+}
+
+impl TcpLayer {
+    fn add(&mut self, o: &TcpLayer) {
+        self.events += o.events;
+        self.payload_bytes += o.payload_bytes;
+        self.in_order += o.in_order;
+        self.late += o.late;
+        self.duplicates += o.duplicates;
+    }
+}
+
+impl FlowState {
+    /// The wire view's metrics, with the RFC 5236 frequencies filled in.
+    pub fn wire_metrics(&self) -> Option<Metrics> {
+        self.wire.as_ref().map(WireView::metrics_with_densities)
+    }
+}
+
+/// Segments per RX queue or CPU: (queue or CPU, count), in first-seen
+/// order; a flow seldom uses more than two.
+pub type Spread = smallvec::SmallVec<[(u32, u64); 2]>;
+
+fn bump(list: &mut Spread, key: u32) {
+    match list.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, n)) => *n += 1,
+        None => list.push((key, 1)),
+    }
+}
+
+/// Counters cheap enough to read every second.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub segments: u64,
+    pub payload_bytes: u64,
+    pub probes: u64,
+    pub reordered: u64,
+    pub flows: u64,
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    flows: FlowTable<FlowState>,
+    /// What evicted flows contributed, so totals stay whole.
+    evicted: Box<FlowTotals>,
+    pub evictions: u64,
+    live: Live,
+    retransmit_events: u64,
+}
+
+/// Sums over flows.
+#[derive(Clone, Debug, Default)]
+pub struct FlowTotals {
+    pub m: Metrics,
+    pub tcp_layer: TcpLayer,
+    pub segments: u64,
+    pub local_retransmits: u64,
+}
+
+impl FlowTotals {
+    fn add_flow(&mut self, f: &FlowState) {
+        if let Some(w) = &f.wire {
+            self.m.add(&w.metrics_with_densities());
+        }
+        self.tcp_layer.add(&f.tcp_layer);
+        self.segments += f.segments;
+        self.local_retransmits += f.local_retransmits;
+    }
+}
+
+impl WireView {
+    /// The metrics with the density frequencies filled in.
+    fn metrics_with_densities(&self) -> Metrics {
+        let mut m = self.m.clone();
+        m.rd = self.rd.frequencies();
+        m.rd_beyond = self.rd.beyond;
+        m.rbd = self.rbd.frequencies();
+        m
+    }
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        Self {
+            flows: FlowTable::new(cfg.max_flows),
+            evicted: Box::default(),
+            evictions: 0,
+            live: Live::default(),
+            retransmit_events: 0,
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn live(&self) -> Live {
+        Live {
+            flows: self.flows.len() as u64,
+            ..self.live
+        }
+    }
+
+    fn flow(&mut self, flow: Flow, ts_ns: u64) -> &mut FlowState {
+        let (f, evicted) = self.flows.get_or_insert(flow, || FlowState {
+            first_ns: ts_ns,
+            ..Default::default()
+        });
+        if let Some((_, old)) = evicted {
+            self.evictions += 1;
+            self.evicted.add_flow(&old);
+        }
+        f.last_ns = ts_ns;
+        f
+    }
+
+    /// Processes one observation; wire segments with data get their class.
+    pub fn observe_obs(&mut self, obs: &Observation) -> Option<Classified> {
+        match obs {
+            Observation::Segment(s) => self.segment(s),
+            Observation::TcpProbe(p) => {
+                self.probe(p);
+                None
+            }
+            Observation::Retransmit(r) => {
+                self.retransmit(r);
+                None
+            }
+        }
+    }
+
+    pub fn segment(&mut self, s: &Segment) -> Option<Classified> {
+        self.live.segments += 1;
+        self.live.payload_bytes += u64::from(s.payload_len);
+        let cfg = self.cfg;
+        let f = self.flow(s.flow, s.ts_ns);
+        f.segments += 1;
+        bump(&mut f.rx_queues, s.rx_queue);
+        bump(&mut f.cpus, s.cpu);
+        if s.flags & SYN != 0 {
+            f.isn = Some(s.seq);
+            // Only a client's SYN: its handshake ACK follows one RTT later.
+            f.syn_ns = (s.flags & ACK == 0).then_some(s.ts_ns);
+        } else if let Some(syn_ns) = f.syn_ns.take() {
+            f.rtt_ns.get_or_insert(s.ts_ns.saturating_sub(syn_ns));
+        }
+        if s.payload_len == 0 || s.flags & RST != 0 {
+            return None;
+        }
+        // Data after a SYN seen here starts at ISN + 1; otherwise tracing
+        // began mid-flow at this segment.
+        let rtt = f.rtt_ns;
+        let isn = f.isn;
+        let w = f.wire.get_or_insert_with(|| {
+            let first = match isn {
+                Some(isn) => isn.wrapping_add(1),
+                None if s.flags & SYN != 0 => s.seq.wrapping_add(1),
+                None => s.seq,
+            };
+            WireView::new(first, &cfg, s)
+        });
+        let seq = if s.flags & SYN != 0 {
+            s.seq.wrapping_add(1)
+        } else {
+            s.seq
+        };
+        let start = w.unwrap.ext(seq);
+        let a = Arrival {
+            start,
+            end: start + u64::from(s.payload_len),
+            ts_ns: s.ts_ns,
+            rx_queue: s.rx_queue,
+            cpu: s.cpu,
+            tsval: s.timestamp.map(|(v, _)| v),
+            ip_id: s.ip_id,
+        };
+        let out = w.order.observe(&a, rtt);
+        w.unwrap.advance(w.order.next_exp());
+        let c = wire_update(w, s, &a, &out, &cfg);
+        if c.class == Class::Reordered {
+            self.live.reordered += 1;
+        }
+        Some(c)
+    }
+
+    fn probe(&mut self, p: &TcpProbe) {
+        self.live.probes += 1;
+        let f = self.flow(p.flow, p.ts_ns);
+        if f.rtt_ns.is_none() && p.srtt_us > 0 {
+            f.rtt_ns = Some(u64::from(p.srtt_us) * 1000);
+        }
+        if p.payload_len == 0 {
+            return;
+        }
+        let seq = if p.flags & SYN != 0 {
+            p.seq.wrapping_add(1)
+        } else {
+            p.seq
+        };
+        let (unwrap, order) = &mut **f.tcp.get_or_insert_with(|| {
+            let u = Unwrap::new(seq);
+            let mut o = OrderDetector::default();
+            o.start(u.ext(seq));
+            Box::new((u, o))
+        });
+        let start = unwrap.ext(seq);
+        let a = Arrival {
+            start,
+            end: start + u64::from(p.payload_len),
+            ts_ns: p.ts_ns,
+            cpu: p.cpu,
+            ..Default::default()
+        };
+        let out = order.observe(&a, None);
+        unwrap.advance(order.next_exp());
+        let t = &mut f.tcp_layer;
+        t.events += 1;
+        t.payload_bytes += u64::from(p.payload_len);
+        match out.class {
+            Class::InOrder => t.in_order += 1,
+            Class::Duplicate => t.duplicates += 1,
+            _ => t.late += 1,
+        }
+    }
+
+    fn retransmit(&mut self, r: &Retransmit) {
+        self.retransmit_events += 1;
+        let f = self.flow(r.flow, r.ts_ns);
+        f.local_retransmits += 1;
+        if let Some(w) = &mut f.wire {
+            let start = w.unwrap.ext(r.seq);
+            let len = u64::from(r.end_seq.wrapping_sub(r.seq));
+            if len > 0 {
+                w.order.local_retransmit(start, start + len);
+            }
+        }
+    }
+
+    /// The read-only view every sink renders.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut totals = (*self.evicted).clone();
+        let mut flows = Vec::with_capacity(self.flows.len());
+        for (flow, f) in self.flows.iter() {
+            totals.add_flow(f);
+            flows.push(snapshot::flow_report(flow, f, &self.cfg));
+        }
+        flows.sort_by(|a, b| {
+            b.reordered
+                .cmp(&a.reordered)
+                .then(b.payload_bytes.cmp(&a.payload_bytes))
+                .then(a.src.cmp(&b.src))
+                .then(a.dst.cmp(&b.dst))
+        });
+        snapshot::build(
+            &totals,
+            flows,
+            self.flows.len() as u64,
+            self.evictions,
+            self.retransmit_events,
+            &self.cfg,
+        )
+    }
+
+    pub fn flow_state(&self, flow: &Flow) -> Option<&FlowState> {
+        self.flows.peek(flow)
+    }
+}
+
+/// Updates a wire view's metrics with one classified segment.
+fn wire_update(
+    w: &mut WireView,
+    s: &Segment,
+    a: &Arrival,
+    out: &Outcome,
+    cfg: &EngineConfig,
+) -> Classified {
+    let m = &mut w.m;
+    m.data_segments += 1;
+    m.payload_bytes += u64::from(s.payload_len);
+    m.partial_duplicates += u64::from(out.partial_duplicate);
+    m.holes_opened += u64::from(out.opened_hole);
+
+    // Migrations: the flow's queue and CPU are those of its latest
+    // in-order segment; stragglers arriving late on the old queue do not
+    // move it back.
+    if out.class == Class::InOrder {
+        if s.rx_queue != w.queue {
+            m.queue_migrations += 1;
+            w.previous_queue = Some(w.queue);
+            w.queue = s.rx_queue;
+            w.last_migration_ns = Some(s.ts_ns);
+        }
+        if s.cpu != w.cpu {
+            m.cpu_migrations += 1;
+            w.cpu = s.cpu;
+            w.last_migration_ns = Some(s.ts_ns);
+        }
+    }
+
+    let mut attribution = None;
+    match out.class {
+        Class::InOrder => {
+            m.in_order += 1;
+            w.run += 1;
+        }
+        Class::Reordered => {
+            m.reordered += 1;
+            let l = out.late.expect("reordered segments are late");
+            let d = l.discontinuity;
+            let attr = Attribution::of((s.rx_queue, s.cpu), (d.rx_queue, d.cpu));
+            let after_migration = w
+                .last_migration_ns
+                .is_some_and(|t| s.ts_ns.saturating_sub(t) <= cfg.migration_window_ns);
+            let on_old_queue = w.previous_queue == Some(s.rx_queue) && s.rx_queue != w.queue;
+            let ls = &mut *m.late;
+            // RFC 4737 §4.6: a reordered packet closes the run.
+            ls.run_squares += w.run * w.run;
+            w.run = 0;
+            for n in ls.n_reordered.iter_mut().take(l.n as usize) {
+                *n += 1;
+            }
+            ls.extent.record(l.extent);
+            ls.late_time_us.record(l.late_ns / 1000);
+            ls.byte_offset.record(l.byte_offset);
+            if let Some((gap, gap_ns)) = l.gap {
+                if gap > 0 {
+                    ls.gap.record(gap);
+                    ls.gap_time_us.record(gap_ns / 1000);
+                }
+            }
+            ls.attribution[attr.index()] += 1;
+            *ls.queue_pairs.entry((d.rx_queue, s.rx_queue)).or_default() += 1;
+            *ls.cpu_pairs.entry((d.cpu, s.cpu)).or_default() += 1;
+            ls.reordered_after_migration += u64::from(after_migration);
+            if on_old_queue {
+                ls.old_queue_late_us.record(l.late_ns / 1000);
+            }
+            attribution = Some(attr);
+        }
+        Class::Retransmission => m.retransmissions += 1,
+        Class::Duplicate => m.duplicates += 1,
+        Class::Ambiguous => m.ambiguous += 1,
+    }
+    if out.index.is_some() {
+        // RFC 5236 sees each segment with new bytes once; a retransmission's
+        // lateness is loss recovery, not reordering.
+        w.rd.arrive(a.start, a.end, out.class != Class::Retransmission);
+        w.rbd.arrive(a.start, a.end);
+    }
+    Classified {
+        class: out.class,
+        late: out.late,
+        attribution,
+    }
+}
+
+impl Sink for Engine {
+    fn observe(&mut self, obs: &Observation) {
+        self.observe_obs(obs);
+    }
+}
+
+#[cfg(test)]
+mod tests;

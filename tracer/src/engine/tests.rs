@@ -1,0 +1,354 @@
+//! The engine on synthetic streams with known queue/CPU histories.
+
+use super::*;
+use crate::source::{Segment, TcpProbe};
+use verdict::Verdict;
+
+const MSS: u32 = 1000;
+
+fn flow(port: u16) -> Flow {
+    Flow {
+        src: format!("10.0.0.1:{port}").parse().unwrap(),
+        dst: "10.0.0.2:5201".parse().unwrap(),
+    }
+}
+
+/// Segment number `n` (from 0) of `flow`, sent at TSval `n` (so its send
+/// order is in the timestamp), arriving at `ts_us` on (queue, cpu).
+fn seg(flow: Flow, isn: u32, n: u32, ts_us: u64, queue: u32, cpu: u32) -> Segment {
+    Segment {
+        ts_ns: ts_us * 1000,
+        ifindex: 1,
+        rx_queue: queue,
+        cpu,
+        flow,
+        seq: isn.wrapping_add(1).wrapping_add(n * MSS),
+        ack: 1,
+        payload_len: MSS,
+        flags: 0x10,
+        window: 100,
+        ip_id: None,
+        timestamp: Some((1000 + n, 7)),
+        sack: vec![],
+        vlan: None,
+        first_fragment: false,
+    }
+}
+
+fn syn(flow: Flow, isn: u32, queue: u32, cpu: u32) -> Segment {
+    Segment {
+        seq: isn,
+        payload_len: 0,
+        flags: SYN,
+        timestamp: Some((999, 0)),
+        ..seg(flow, isn, 0, 0, queue, cpu)
+    }
+}
+
+/// Feeds (segment number, queue, cpu) in arrival order, 1 µs apart.
+fn feed(e: &mut Engine, f: Flow, isn: u32, order: &[(u32, u32, u32)]) -> Vec<Classified> {
+    e.segment(&syn(f, isn, order[0].1, order[0].2));
+    order
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &(n, q, c))| e.segment(&seg(f, isn, n, 10 + i as u64, q, c)))
+        .collect()
+}
+
+fn one_flow(e: &Engine) -> FlowReport {
+    let s = e.snapshot();
+    assert_eq!(s.flows.len(), 1);
+    s.flows[0].clone()
+}
+
+use crate::snapshot::FlowReport;
+
+#[test]
+fn clean_stream_has_no_reordering() {
+    let mut e = Engine::new(EngineConfig::default());
+    let order: Vec<_> = (0..100).map(|n| (n, 0, 0)).collect();
+    let out = feed(&mut e, flow(1), 5000, &order);
+    assert!(out.iter().all(|c| c.class == Class::InOrder));
+    let r = one_flow(&e);
+    assert_eq!(
+        (r.data_segments, r.reordered, r.reordered_ratio),
+        (100, 0, 0.0)
+    );
+    assert_eq!(r.verdict, Verdict::None);
+    assert_eq!(r.densities.rd, vec![(0, 1.0)]);
+    assert_eq!(r.densities.rbd, vec![(0, 1.0)]);
+    assert_eq!(r.runs.share_in_order, 1.0);
+    assert_eq!(r.rtt_us, Some(10)); // SYN at 0 µs, first ACK at 10 µs
+}
+
+/// The ATR signature: the flow moves from queue 0 / CPU 0 to queue 1 /
+/// CPU 1 while segments 6..9 still wait on the old queue; segments sent
+/// later overtake them.
+#[test]
+fn steering_migration_is_attributed_to_queue_and_cpu() {
+    let mut e = Engine::new(EngineConfig::default());
+    let mut order: Vec<_> = (0..6).map(|n| (n, 0, 0)).collect();
+    order.extend([(10, 1, 1), (11, 1, 1)]);
+    order.extend((6..10).map(|n| (n, 0, 0)));
+    order.extend((12..30).map(|n| (n, 1, 1)));
+    let out = feed(&mut e, flow(1), 7, &order);
+    let reordered: Vec<_> = out
+        .iter()
+        .filter(|c| c.class == Class::Reordered)
+        .map(|c| c.attribution.unwrap())
+        .collect();
+    assert_eq!(reordered, vec![Attribution::DifferentQueueAndCpu; 4]);
+    let r = one_flow(&e);
+    assert_eq!(r.reordered, 4);
+    assert_eq!((r.queue_migrations, r.cpu_migrations), (1, 1));
+    assert_eq!(r.reordered_after_migration, 4);
+    assert_eq!(r.attribution.steered_share, 1.0);
+    assert_eq!(
+        r.attribution.queue_pairs,
+        vec![crate::snapshot::Pair {
+            from: 1,
+            to: 0,
+            count: 4
+        }]
+    );
+    assert_eq!(r.old_queue_late_us.count, 4);
+    // Extents 2, 3, 4, 5: each overtaken by segment 10 and what followed.
+    assert_eq!((r.extent.min, r.extent.max), (2, 5));
+    // Late by 2..5 µs after segment 10 arrived.
+    assert_eq!((r.late_time_us.min, r.late_time_us.max), (2, 5));
+    // Segment 6 is 2-reordered (after 10, 11); 7..9 follow it, not reordered
+    // against their immediate predecessors.
+    assert_eq!(r.n_reordering[1].count, 1);
+    assert_eq!(r.n_reordering[2].count, 0);
+    assert_eq!(r.verdict, Verdict::NicSteering, "{}", r.evidence);
+    assert_eq!(e.snapshot().totals.verdicts[&Verdict::NicSteering], 1);
+}
+
+#[test]
+fn reordering_on_one_queue_and_cpu_is_upstream() {
+    let mut e = Engine::new(EngineConfig::default());
+    // Swap neighbours every 10 segments, all on queue 2, CPU 1.
+    let mut order = Vec::new();
+    for block in 0..10 {
+        let b = block * 10;
+        order.extend((b..b + 10).map(|n| (n, 2, 1)));
+        order.swap(b as usize + 4, b as usize + 5);
+    }
+    let out = feed(&mut e, flow(1), 0, &order);
+    assert_eq!(
+        out.iter().filter(|c| c.class == Class::Reordered).count(),
+        10
+    );
+    let r = one_flow(&e);
+    assert_eq!(r.attribution.same_queue_same_cpu, 10);
+    assert_eq!((r.queue_migrations, r.cpu_migrations), (0, 0));
+    assert_eq!(r.verdict, Verdict::Upstream);
+    // Each swapped segment is 1-reordered with extent 1.
+    assert_eq!(r.n_reordering[0].count, 10);
+    assert_eq!(r.extent.max, 1);
+    // Runs: 10 closed, mean length a/x = 90/10.
+    assert_eq!(r.runs.runs, 10);
+    assert_eq!(r.runs.mean_length, 9.0);
+    // Gaps between successive discontinuities: 10 segments apart.
+    assert_eq!((r.gap.min, r.gap.max, r.gap.count), (10, 10, 9));
+}
+
+#[test]
+fn retransmission_is_not_reordering() {
+    let mut e = Engine::new(EngineConfig::default());
+    let f = flow(1);
+    e.segment(&syn(f, 0, 0, 0));
+    for n in [0, 1, 3, 4, 5] {
+        e.segment(&seg(f, 0, n, 10 + u64::from(n), 0, 0));
+    }
+    // Segment 2 again, sent after segment 5 (newer TSval): a retransmission.
+    let mut rtx = seg(f, 0, 2, 100, 0, 0);
+    rtx.timestamp = Some((1000 + 6, 7));
+    assert_eq!(e.segment(&rtx).unwrap().class, Class::Retransmission);
+    // And a copy of segment 3: a duplicate.
+    assert_eq!(
+        e.segment(&seg(f, 0, 3, 101, 0, 0)).unwrap().class,
+        Class::Duplicate
+    );
+    let r = one_flow(&e);
+    assert_eq!((r.reordered, r.retransmissions, r.duplicates), (0, 1, 1));
+    assert_eq!(r.verdict, Verdict::None);
+    // RD leaves the retransmission out.
+    assert_eq!(r.densities.rd.iter().map(|(_, s)| s).sum::<f64>(), 1.0);
+}
+
+#[test]
+fn ambiguous_is_its_own_class() {
+    let mut e = Engine::new(EngineConfig::default());
+    let f = flow(1);
+    // No SYN seen, no timestamps, no IP ID: nothing can tell.
+    let bare = |n: u32, ts: u64| Segment {
+        timestamp: None,
+        ..seg(f, 0, n, ts, 0, 0)
+    };
+    e.segment(&bare(0, 1));
+    e.segment(&bare(2, 2));
+    assert_eq!(e.segment(&bare(1, 3)).unwrap().class, Class::Ambiguous);
+    // Data from before the first segment traced.
+    assert_eq!(
+        e.segment(&Segment {
+            seq: 1u32.wrapping_sub(MSS),
+            ..bare(0, 4)
+        })
+        .unwrap()
+        .class,
+        Class::Ambiguous
+    );
+    let r = one_flow(&e);
+    assert_eq!((r.reordered, r.ambiguous), (0, 2));
+}
+
+#[test]
+fn wraparound_inside_the_engine() {
+    let mut e = Engine::new(EngineConfig::default());
+    let isn = u32::MAX - 2500; // the stream crosses 2^32 at segment 2
+    let order = [
+        (0, 0, 0),
+        (1, 0, 0),
+        (3, 0, 0),
+        (2, 0, 0),
+        (4, 0, 0),
+        (5, 0, 0),
+    ];
+    let out = feed(&mut e, flow(1), isn, &order);
+    let classes: Vec<_> = out.iter().map(|c| c.class).collect();
+    use Class::*;
+    assert_eq!(
+        classes,
+        vec![InOrder, InOrder, InOrder, Reordered, InOrder, InOrder]
+    );
+    assert_eq!(out[3].late.unwrap().extent, 1);
+}
+
+#[test]
+fn local_retransmissions_classify_late_segments() {
+    let mut e = Engine::new(EngineConfig::default());
+    let f = flow(1);
+    e.segment(&syn(f, 0, 0, 0));
+    for n in [0, 2] {
+        e.segment(&seg(f, 0, n, 10 + u64::from(n), 0, 0));
+    }
+    // This host resent segment 1 (same TSval would otherwise say original).
+    e.observe_obs(&Observation::Retransmit(crate::source::Retransmit {
+        ts_ns: 20_000,
+        cpu: 0,
+        flow: f,
+        seq: 1 + MSS,
+        end_seq: 1 + 2 * MSS,
+        flags: 0x10,
+        err: 0,
+    }));
+    assert_eq!(
+        e.segment(&seg(f, 0, 1, 30, 0, 0)).unwrap().class,
+        Class::Retransmission
+    );
+    assert_eq!(one_flow(&e).local_retransmits, 1);
+}
+
+#[test]
+fn tcp_layer_view_counts_its_own_order() {
+    let mut e = Engine::new(EngineConfig::default());
+    let f = flow(1);
+    let probe = |seq: u32, len: u32, ts: u64| {
+        Observation::TcpProbe(TcpProbe {
+            ts_ns: ts,
+            cpu: 0,
+            ifindex: 1,
+            flow: f,
+            seq,
+            end_seq: seq + len,
+            ack: 0,
+            payload_len: len,
+            flags: 0x10,
+            srtt_us: 40,
+            snd_cwnd: 10,
+            snd_una: 0,
+            snd_nxt: 0,
+            rcv_nxt: seq,
+        })
+    };
+    // A GRO run of three segments, a later run, the skipped one, a copy.
+    for (seq, len) in [(1, 3000), (7001, 2000), (4001, 3000), (4001, 1000)] {
+        e.observe_obs(&probe(seq, len, 1));
+    }
+    let r = one_flow(&e);
+    assert_eq!(r.tcp_layer.events, 4);
+    assert_eq!(
+        (
+            r.tcp_layer.in_order,
+            r.tcp_layer.late,
+            r.tcp_layer.duplicates
+        ),
+        (2, 1, 1)
+    );
+    assert_eq!(r.rtt_us, Some(40)); // from the socket's srtt
+}
+
+#[test]
+fn flow_table_is_bounded_and_totals_survive_eviction() {
+    let mut e = Engine::new(EngineConfig {
+        max_flows: 3,
+        ..Default::default()
+    });
+    for port in 1..=5 {
+        let order: Vec<_> = (0..10).map(|n| (n, 0, 0)).collect();
+        feed(&mut e, flow(port), 100, &order);
+    }
+    let s = e.snapshot();
+    assert_eq!(s.tracked_flows, 3);
+    assert_eq!(s.evicted_flows, 2);
+    assert_eq!(s.totals.reordering.data_segments, 50);
+    assert_eq!(s.totals.segments, 55);
+    // The least recently used were evicted.
+    let ports: Vec<_> = s.flows.iter().map(|f| f.src.clone()).collect();
+    assert!(!ports.contains(&"10.0.0.1:1".to_string()));
+}
+
+#[test]
+fn snapshots_are_deterministic_and_carry_the_documented_json() {
+    let run = || {
+        let mut e = Engine::new(EngineConfig::default());
+        let mut order: Vec<_> = (0..6).map(|n| (n, 0, 0)).collect();
+        order.extend([(8, 1, 1), (6, 0, 0), (7, 0, 0)]);
+        order.extend((9..20).map(|n| (n, 1, 1)));
+        feed(&mut e, flow(9), 42, &order);
+        serde_json::to_value(e.snapshot()).unwrap()
+    };
+    let a = run();
+    assert_eq!(a, run());
+    for key in [
+        "data_segments",
+        "reordered",
+        "retransmissions",
+        "duplicates",
+        "ambiguous",
+        "dropped_events",
+    ] {
+        assert!(a["totals"].get(key).is_some(), "totals.{key}");
+    }
+    let f = &a["flows"][0];
+    for key in [
+        "src",
+        "dst",
+        "data_segments",
+        "reordered",
+        "reordered_ratio",
+        "n_reordering",
+        "extent",
+        "late_time_us",
+        "rx_queues",
+        "cpus",
+        "queue_migrations",
+        "attribution",
+        "verdict",
+    ] {
+        assert!(f.get(key).is_some(), "flows[].{key}");
+    }
+    assert_eq!(f["verdict"], "nic-steering");
+    assert_eq!(f["reordered"], 2);
+}

@@ -1,0 +1,357 @@
+//! The read-only view of the engine that every sink renders (report, JSON,
+//! TUI, exporters): plain, serialisable numbers, no engine internals.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::{
+    engine::{
+        order::MAX_N,
+        verdict::{self, Verdict},
+        EngineConfig, FlowState, FlowTotals, Hist, Metrics, TcpLayer,
+    },
+    kernel::Counters,
+    source::Flow,
+};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    pub totals: Totals,
+    pub flows: Vec<FlowReport>,
+    pub tracked_flows: u64,
+    pub evicted_flows: u64,
+    pub config: EngineConfig,
+    /// The kernel's counters, when the snapshot comes from a live trace.
+    pub kernel: Option<BTreeMap<&'static str, u64>>,
+}
+
+impl Snapshot {
+    /// Adds what the kernel counted (dropped events above all).
+    pub fn with_kernel(mut self, counters: &Counters) -> Self {
+        self.totals.dropped_events = counters.dropped();
+        self.kernel = Some(counters.named().collect());
+        self
+    }
+}
+
+/// A distribution: summary statistics and log2 buckets (upper bound,
+/// count) for plotting.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Distribution {
+    pub count: u64,
+    pub min: u64,
+    pub mean: f64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub max: u64,
+    pub buckets: Vec<(u64, u64)>,
+}
+
+impl Distribution {
+    fn of(h: &Hist) -> Self {
+        h.get().map(Self::from_histogram).unwrap_or_default()
+    }
+
+    fn from_histogram(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let mut buckets = Vec::new();
+        let mut upper = 1u64;
+        let mut below = 0u64;
+        loop {
+            let count = h.count_between(below, upper);
+            if count > 0 {
+                buckets.push((upper, count));
+            }
+            if upper >= h.max() {
+                break;
+            }
+            below = upper + 1;
+            upper = upper.saturating_mul(2);
+        }
+        Self {
+            count: h.len(),
+            min: h.min(),
+            mean: h.mean(),
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+            buckets,
+        }
+    }
+}
+
+/// RFC 4737 §5: how many segments were n-reordered, and the degree
+/// (share of received segments).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct NReordering {
+    pub n: usize,
+    pub count: u64,
+    pub degree: f64,
+}
+
+/// RFC 4737 §4.6 reordering-free runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Runs {
+    /// x: runs closed by a reordered segment.
+    pub runs: u64,
+    /// a / p: the share of segments in order.
+    pub share_in_order: f64,
+    /// a / x.
+    pub mean_length: f64,
+    /// (q / a) / (a / x): 1 when all runs have the same length.
+    pub spread: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Pair {
+    /// The overtaking segment's queue or CPU.
+    pub from: u32,
+    /// The reordered segment's.
+    pub to: u32,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AttributionReport {
+    pub same_queue_same_cpu: u64,
+    pub different_queue: u64,
+    pub different_cpu: u64,
+    pub different_queue_and_cpu: u64,
+    /// Share of reordered segments overtaken on another queue or CPU.
+    pub steered_share: f64,
+    pub queue_pairs: Vec<Pair>,
+    pub cpu_pairs: Vec<Pair>,
+}
+
+/// RFC 5236 densities: (displacement or occupancy, share).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Densities {
+    pub rd: Vec<(i64, f64)>,
+    /// Displacements beyond DT (not in `rd`).
+    pub rd_beyond: u64,
+    pub rbd: Vec<(u64, f64)>,
+}
+
+/// The RFC 4737 and 5236 metrics, attribution and migrations of a set of
+/// segments (one flow direction, or all).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Reordering {
+    pub data_segments: u64,
+    pub payload_bytes: u64,
+    pub in_order: u64,
+    pub reordered: u64,
+    pub retransmissions: u64,
+    pub duplicates: u64,
+    pub partial_duplicates: u64,
+    pub ambiguous: u64,
+    /// Reordered / (data segments - duplicates), RFC 4737 §4.1.
+    pub reordered_ratio: f64,
+    pub n_reordering: Vec<NReordering>,
+    /// In segments (RFC 4737 §4.2).
+    pub extent: Distribution,
+    pub late_time_us: Distribution,
+    pub byte_offset: Distribution,
+    /// Between successive reordering discontinuities, in segments and µs.
+    pub gap: Distribution,
+    pub gap_time_us: Distribution,
+    pub runs: Runs,
+    pub densities: Densities,
+    pub attribution: AttributionReport,
+    pub queue_migrations: u64,
+    pub cpu_migrations: u64,
+    pub reordered_after_migration: u64,
+    pub old_queue_late_us: Distribution,
+}
+
+impl Reordering {
+    fn of(m: &Metrics) -> Self {
+        let received = m.data_segments.saturating_sub(m.duplicates).max(1);
+        let a = m.in_order as f64;
+        let x = m.reordered as f64;
+        let p = (m.in_order + m.reordered) as f64;
+        let pairs = |map: &BTreeMap<(u32, u32), u64>| {
+            map.iter()
+                .map(|(&(from, to), &count)| Pair { from, to, count })
+                .collect()
+        };
+        let rd_n: u64 = m.rd.iter().sum();
+        let dt = m.rd.len() as i64 / 2;
+        let rbd_n: u64 = m.rbd.iter().sum();
+        Self {
+            data_segments: m.data_segments,
+            payload_bytes: m.payload_bytes,
+            in_order: m.in_order,
+            reordered: m.reordered,
+            retransmissions: m.retransmissions,
+            duplicates: m.duplicates,
+            partial_duplicates: m.partial_duplicates,
+            ambiguous: m.ambiguous,
+            reordered_ratio: m.reordered as f64 / received as f64,
+            n_reordering: (0..MAX_N)
+                .map(|i| NReordering {
+                    n: i + 1,
+                    count: m.late.n_reordered[i],
+                    degree: m.late.n_reordered[i] as f64 / received as f64,
+                })
+                .collect(),
+            extent: Distribution::of(&m.late.extent),
+            late_time_us: Distribution::of(&m.late.late_time_us),
+            byte_offset: Distribution::of(&m.late.byte_offset),
+            gap: Distribution::of(&m.late.gap),
+            gap_time_us: Distribution::of(&m.late.gap_time_us),
+            runs: Runs {
+                runs: m.reordered,
+                share_in_order: if p > 0.0 { a / p } else { 1.0 },
+                mean_length: if x > 0.0 { a / x } else { a },
+                spread: if a > 0.0 && x > 0.0 {
+                    (m.late.run_squares as f64 / a) / (a / x)
+                } else {
+                    0.0
+                },
+            },
+            densities: Densities {
+                rd: m
+                    .rd
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &c)| c > 0)
+                    .map(|(i, &c)| (i as i64 - dt, c as f64 / rd_n as f64))
+                    .collect(),
+                rd_beyond: m.rd_beyond,
+                rbd: m
+                    .rbd
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, &c)| c > 0)
+                    .map(|(i, &c)| (i as u64, c as f64 / rbd_n as f64))
+                    .collect(),
+            },
+            attribution: AttributionReport {
+                same_queue_same_cpu: m.late.attribution[0],
+                different_queue: m.late.attribution[1],
+                different_cpu: m.late.attribution[2],
+                different_queue_and_cpu: m.late.attribution[3],
+                steered_share: verdict::steered_share(m),
+                queue_pairs: pairs(&m.late.queue_pairs),
+                cpu_pairs: pairs(&m.late.cpu_pairs),
+            },
+            queue_migrations: m.queue_migrations,
+            cpu_migrations: m.cpu_migrations,
+            reordered_after_migration: m.late.reordered_after_migration,
+            old_queue_late_us: Distribution::of(&m.late.old_queue_late_us),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Totals {
+    /// All XDP segments, data or not.
+    pub segments: u64,
+    #[serde(flatten)]
+    pub reordering: Reordering,
+    pub tcp_layer: TcpLayer,
+    pub local_retransmit_events: u64,
+    /// Flows per verdict.
+    pub verdicts: BTreeMap<Verdict, u64>,
+    /// Events the kernel lost (ring full or program not run).
+    pub dropped_events: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Spread {
+    pub id: u32,
+    pub segments: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FlowReport {
+    pub src: String,
+    pub dst: String,
+    pub segments: u64,
+    #[serde(flatten)]
+    pub reordering: Reordering,
+    pub rx_queues: Vec<Spread>,
+    pub cpus: Vec<Spread>,
+    pub verdict: Verdict,
+    pub evidence: String,
+    pub tcp_layer: TcpLayer,
+    pub local_retransmits: u64,
+    pub rtt_us: Option<u64>,
+    pub duration_s: f64,
+}
+
+impl FlowReport {
+    pub fn flow(&self) -> String {
+        format!("{} -> {}", self.src, self.dst)
+    }
+}
+
+impl std::ops::Deref for FlowReport {
+    type Target = Reordering;
+    fn deref(&self) -> &Reordering {
+        &self.reordering
+    }
+}
+
+fn spread(list: &[(u32, u64)]) -> Vec<Spread> {
+    let mut v: Vec<_> = list
+        .iter()
+        .map(|&(id, segments)| Spread { id, segments })
+        .collect();
+    v.sort_by_key(|s| s.id);
+    v
+}
+
+pub(crate) fn flow_report(flow: &Flow, f: &FlowState, cfg: &EngineConfig) -> FlowReport {
+    let m = f.wire_metrics().unwrap_or_default();
+    let (verdict, evidence) = verdict::judge(&m, &cfg.verdict);
+    FlowReport {
+        src: flow.src.to_string(),
+        dst: flow.dst.to_string(),
+        segments: f.segments,
+        reordering: Reordering::of(&m),
+        rx_queues: spread(&f.rx_queues),
+        cpus: spread(&f.cpus),
+        verdict,
+        evidence,
+        tcp_layer: f.tcp_layer,
+        local_retransmits: f.local_retransmits,
+        rtt_us: f.rtt_ns.map(|n| n / 1000),
+        duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
+    }
+}
+
+pub(crate) fn build(
+    totals: &FlowTotals,
+    flows: Vec<FlowReport>,
+    tracked: u64,
+    evicted: u64,
+    retransmit_events: u64,
+    cfg: &EngineConfig,
+) -> Snapshot {
+    let mut verdicts = BTreeMap::new();
+    for f in &flows {
+        *verdicts.entry(f.verdict).or_default() += 1;
+    }
+    Snapshot {
+        totals: Totals {
+            segments: totals.segments,
+            reordering: Reordering::of(&totals.m),
+            tcp_layer: totals.tcp_layer,
+            local_retransmit_events: retransmit_events,
+            verdicts,
+            dropped_events: 0,
+        },
+        flows,
+        tracked_flows: tracked,
+        evicted_flows: evicted,
+        config: *cfg,
+        kernel: None,
+    }
+}
