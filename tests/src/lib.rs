@@ -49,11 +49,11 @@ pub fn traced_lab(
 
 /// Runs an upload and records everything the tracer sees meanwhile, through
 /// the engine as `tracer record` does.
-pub fn record_upload(
-    topo: &Topology,
-    tracer: &mut Tracer,
-    spec: &UploadSpec,
-) -> Result<(Outcome, Collect, Vec<FlowResult>, Engine)> {
+/// What a traced upload gives: the tracer's outcome, every observation, the
+/// sockets' own counts and the engine fed with the observations.
+pub type Recorded = (Outcome, Collect, Vec<FlowResult>, Engine);
+
+pub fn record_upload(topo: &Topology, tracer: &mut Tracer, spec: &UploadSpec) -> Result<Recorded> {
     let upload = Upload::start(topo, spec)?;
     // Room up front: growing a vector of a million observations stalls the
     // consumer long enough to fill the ring under a multi-gigabit upload.

@@ -240,6 +240,24 @@ fn filter_keeps_other_flows_out_of_the_ring() {
     );
 }
 
+/// One 16 MiB upload, traced on `side`, with every 150th data segment into
+/// the server dropped after the wire, before TCP (at INPUT): the server
+/// SACKs around each hole and the client retransmits.
+fn lossy_upload(queues: u32, side: Side) -> (Topology, tests::Recorded) {
+    let (topo, mut tracer) =
+        traced_lab(queues, side, XdpModeChoice::Auto, "").expect("lab and tracer");
+    drop_every_nth_data_segment(&topo.server_ns, 150);
+    let spec = UploadSpec {
+        flows: 1,
+        bytes_per_flow: 16 << 20,
+        port: 5201,
+        ipv6: false,
+        timeout: Duration::from_secs(60),
+    };
+    let recorded = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    (topo, recorded)
+}
+
 /// The sender's side: forced drops make the client retransmit; the
 /// retransmissions traced by `tcp_retransmit_skb` add up to the bytes the
 /// sending socket itself says it retransmitted (`tcpi_bytes_retrans`), and
@@ -249,19 +267,7 @@ fn local_retransmissions_match_the_senders_own_count() {
     if !root_or_skip("local_retransmissions_match_the_senders_own_count") {
         return;
     }
-    let (topo, mut tracer) =
-        traced_lab(2, Side::Client, XdpModeChoice::Auto, "").expect("lab and tracer");
-    // Every 150th data segment into the server is dropped after the wire,
-    // before TCP: the server SACKs around the hole, the client retransmits.
-    drop_every_nth_data_segment(&topo.server_ns, 150);
-    let spec = UploadSpec {
-        flows: 1,
-        bytes_per_flow: 16 << 20,
-        port: 5201,
-        ipv6: false,
-        timeout: Duration::from_secs(60),
-    };
-    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (_topo, (outcome, seen, results, _)) = lossy_upload(2, Side::Client);
     let flow = &results[0];
     assert_eq!(flow.received, 16 << 20);
     assert_eq!(outcome.counters.dropped(), 0);
@@ -460,17 +466,7 @@ fn retransmitted_segments_are_duplicates_at_the_receiver_not_reordering() {
     if !root_or_skip("retransmitted_segments_are_duplicates_at_the_receiver_not_reordering") {
         return;
     }
-    let (topo, mut tracer) =
-        traced_lab(1, Side::Server, XdpModeChoice::Auto, "").expect("lab and tracer");
-    drop_every_nth_data_segment(&topo.server_ns, 150);
-    let spec = UploadSpec {
-        flows: 1,
-        bytes_per_flow: 16 << 20,
-        port: 5201,
-        ipv6: false,
-        timeout: Duration::from_secs(60),
-    };
-    let (outcome, _, results, engine) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (topo, (outcome, _, results, engine)) = lossy_upload(1, Side::Server);
     assert_eq!(outcome.counters.dropped(), 0);
     let r = &results[0];
     assert_eq!(r.received, 16 << 20);
