@@ -30,6 +30,7 @@ fn clean_upload_is_traced_exactly(ipv6: bool, mode: XdpModeChoice) {
         port: 5201,
         ipv6,
         timeout: Duration::from_secs(60),
+        pacing: None,
     };
     let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     let flow = &results[0];
@@ -186,6 +187,7 @@ fn filter_keeps_other_flows_out_of_the_ring() {
         port: 5201,
         ipv6: false,
         timeout: Duration::from_secs(30),
+        pacing: None,
     };
     // Another port: nothing reaches the ring, everything is counted.
     let (topo, mut tracer) =
@@ -253,6 +255,7 @@ fn lossy_upload(queues: u32, side: Side) -> (Topology, tests::Recorded) {
         port: 5201,
         ipv6: false,
         timeout: Duration::from_secs(60),
+        pacing: None,
     };
     let recorded = record_upload(&topo, &mut tracer, &spec).expect("upload");
     (topo, recorded)
@@ -341,6 +344,7 @@ fn tcp_probe_under_load_is_accounted_exactly() {
         port: 5201,
         ipv6: false,
         timeout: Duration::from_secs(60),
+        pacing: None,
     };
     let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     let c = outcome.counters;
@@ -427,6 +431,7 @@ fn clean_single_queue_upload_reports_no_reordering() {
         port: 5201,
         ipv6: false,
         timeout: Duration::from_secs(60),
+        pacing: None,
     };
     let (outcome, _, results, engine) = record_upload(&topo, &mut tracer, &spec).expect("upload");
     assert_eq!(outcome.counters.ring_full(), 0);

@@ -239,10 +239,114 @@ pub struct KernelOffsets {
     pub tp_rcv_nxt: u32,
 }
 
+/// The lab's edge stage: the emulated flow-steering NIC between the lab's
+/// client and server (`lab-edge` programs). Lab-only: one client and one
+/// server address, so a flow is named by its two ports.
+pub mod edge {
+    /// `client port << 16 | server port`.
+    pub type FlowKey = u32;
+
+    /// `EdgeConfig::mode`: XDP passes packets up the edge's own stack.
+    pub const MODE_PASS: u32 = 0;
+    /// `EdgeConfig::mode`: XDP redirects each packet to the CPU of its
+    /// flow's queue (CPUMAP), as a flow-director NIC steers it.
+    pub const MODE_STEER: u32 = 1;
+
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct EdgeConfig {
+        pub mode: u32,
+        /// Queues of the link towards the server (its RX queues).
+        pub queues: u32,
+    }
+
+    /// One transmission of a data segment in flight through the edge. A
+    /// retransmission differs from its original in `ident`: the IPv4 ID
+    /// (Linux gives every segment sent a new one), or for IPv6 the TCP
+    /// timestamp value (equal only within the same millisecond).
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct SegKey {
+        pub flow: FlowKey,
+        pub seq: u32,
+        pub ident: u32,
+    }
+
+    /// Per flow, what entered the edge so far.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Arrivals {
+        /// Data segments.
+        pub count: u64,
+        /// One past the highest sequence number (valid once `count` > 0).
+        pub end: u32,
+        pub _pad: u32,
+    }
+
+    /// What the ingress program decided for a segment.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct Steered {
+        /// Its place in the flow's arrival order at the edge (from 0).
+        pub index: u64,
+        pub ingress_ns: u64,
+        pub queue: u32,
+        /// The CPU it was steered to (MODE_STEER) or arrived on.
+        pub cpu: u32,
+        /// It started below bytes that entered before it: the sender sent
+        /// it again (a sender sends new data in sequence order).
+        pub retransmission: u32,
+        pub _pad: u32,
+    }
+
+    /// `Steered::index` of a segment whose ingress decision was not found
+    /// (evicted from the in-flight table, or an IPv6 retransmission sent
+    /// in the same millisecond as its original while that was in flight).
+    pub const UNMATCHED: u64 = u64::MAX;
+
+    /// Ground truth: one data segment leaving the edge towards the server.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    pub struct EdgeEvent {
+        pub ingress_ns: u64,
+        pub egress_ns: u64,
+        pub index: u64,
+        pub flow: FlowKey,
+        pub seq: u32,
+        pub payload_len: u32,
+        pub queue: u32,
+        pub cpu: u32,
+        pub egress_cpu: u32,
+        /// `Steered::retransmission`.
+        pub retransmission: u32,
+    }
+
+    /// Per-CPU counters of the edge programs.
+    pub mod counter {
+        /// Frames the ingress program saw.
+        pub const FRAMES: u32 = 0;
+        /// TCP segments among them (steered by the table).
+        pub const TCP: u32 = 1;
+        /// Redirects to the CPU map that failed (the packet was passed).
+        pub const REDIRECT_FAILED: u32 = 2;
+        /// New flows entered into the table.
+        pub const FLOWS_LEARNED: u32 = 3;
+        /// Data segments seen leaving towards the server.
+        pub const EGRESS_DATA: u32 = 4;
+        /// ... of which the ingress decision was not found (`UNMATCHED`).
+        pub const EGRESS_UNMATCHED: u32 = 5;
+        pub const TRUTH_EMITTED: u32 = 6;
+        /// Ground-truth events lost: the ring was full.
+        pub const TRUTH_DROPPED: u32 = 7;
+        pub const COUNT: u32 = 8;
+    }
+}
+
 #[cfg(feature = "user")]
 mod pod {
     use super::*;
     unsafe impl aya::Pod for FilterConfig {}
     unsafe impl aya::Pod for KernelOffsets {}
     unsafe impl aya::Pod for FlowAddrs {}
+    unsafe impl aya::Pod for edge::EdgeConfig {}
 }

@@ -1,4 +1,8 @@
-//! The host-testable part of the eBPF programs: header parsing.
+//! The host-testable part of the eBPF programs (header parsing), and the
+//! packet-context adapters the programs parse through.
 #![cfg_attr(not(test), no_std)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
+#[cfg(target_arch = "bpf")]
+pub mod frames;
 pub mod parse;

@@ -23,9 +23,7 @@ fn main() {
 mod programs {
     use aya_ebpf::{
         bindings::xdp_action,
-        helpers::{
-            bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_xdp_load_bytes,
-        },
+        helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel},
         macros::{btf_tracepoint, map, xdp},
         maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray, RingBuf},
         programs::{BtfTracePointContext, XdpContext},
@@ -36,7 +34,10 @@ mod programs {
         RetransmitEvent, SegmentEvent, FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS,
     };
 
-    use tracer_ebpf::parse::{self, Frame, OptionBytes, ParseError};
+    use tracer_ebpf::{
+        frames::XdpFrame,
+        parse::{self, ParseError},
+    };
 
     /// Default ring size; userspace may override it at load time.
     const RING_BYTES: u32 = 16 << 20;
@@ -157,84 +158,10 @@ mod programs {
         }
     }
 
-    /// The XDP packet as a [`Frame`]: every read is checked against
-    /// `data_end`, which is also what the verifier needs.
-    struct XdpFrame {
-        ctx: *mut aya_ebpf::bindings::xdp_md,
-        start: usize,
-        end: usize,
-    }
-
-    /// Offsets beyond this are never header bytes; the cap keeps the
-    /// verifier's range tracking of computed offsets small.
-    const MAX_HEADER_OFFSET: usize = 0x3fff;
-
-    impl Frame for XdpFrame {
-        #[inline(always)]
-        fn read<T: Copy>(&self, offset: usize) -> Option<T> {
-            if offset > MAX_HEADER_OFFSET {
-                return None;
-            }
-            let mut at = self.start + offset;
-            let in_bounds: u64;
-            // The check is written in assembly because LLVM otherwise turns
-            // `at + 1 > end` into `at >= end`, from which the verifier
-            // learns no readable range. The pointer read below is the
-            // register this check validated (hence `inout`).
-            // SAFETY: register moves, an add and a compare; no memory access.
-            unsafe {
-                core::arch::asm!(
-                    "{last} = {at}",
-                    "{last} += {size}",
-                    "{ok} = 0",
-                    "if {last} > {end} goto +1",
-                    "{ok} = 1",
-                    at = inout(reg) at,
-                    last = out(reg) _,
-                    ok = out(reg) in_bounds,
-                    end = in(reg) self.end,
-                    size = const core::mem::size_of::<T>(),
-                );
-            }
-            if in_bounds == 0 {
-                return None;
-            }
-            // SAFETY: [at, at + size) was checked against data_end above.
-            Some(unsafe { core::ptr::read_unaligned(at as *const T) })
-        }
-
-        #[inline(always)]
-        fn copy_options(&self, offset: usize, len: usize, buf: &mut OptionBytes) -> Option<()> {
-            if offset > MAX_HEADER_OFFSET || len == 0 || len > parse::MAX_TCP_OPTION_BYTES {
-                return None;
-            }
-            // The same value for the valid 1..=40, in a form that bounds it
-            // to 1..=64 (the buffer) for the verifier too (see `opaque`).
-            let len = (self.opaque(len - 1) & 63) + 1;
-            // SAFETY: `buf` has room for 64 bytes; the helper checks the
-            // packet side itself (and also reads fragments).
-            let ret = unsafe {
-                bpf_xdp_load_bytes(self.ctx, offset as u32, buf.as_mut_ptr().cast(), len as u32)
-            };
-            (ret == 0).then_some(())
-        }
-
-        #[inline(always)]
-        fn opaque(&self, mut i: usize) -> usize {
-            // SAFETY: a register move onto itself.
-            unsafe { core::arch::asm!("{0} = {0}", inout(reg) i) };
-            i
-        }
-    }
-
     #[xdp(frags)]
     pub fn tag_rx(ctx: XdpContext) -> u32 {
         count(counter::XDP_FRAMES);
-        let frame = XdpFrame {
-            ctx: ctx.ctx,
-            start: ctx.data(),
-            end: ctx.data_end(),
-        };
+        let frame = XdpFrame::new(&ctx);
         let Some(ev) = SCRATCH.get_ptr_mut(0) else {
             return xdp_action::XDP_PASS;
         };

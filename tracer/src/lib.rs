@@ -22,3 +22,6 @@ pub use filter::Filter;
 
 /// The compiled eBPF object, built by build.rs.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));
+/// The lab's edge programs (an emulated flow-steering NIC), built with it.
+pub static LAB_EDGE_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lab-edge"));

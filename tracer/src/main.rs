@@ -33,7 +33,9 @@ struct Cli {
 enum Command {
     /// Trace TCP segments received on an interface.
     Record(RecordArgs),
-    /// Build a two-namespace test network, trace an upload across it, remove it.
+    /// Reproduce flow-steering reordering on this machine: a kernel-TCP
+    /// upload through an emulated flow-director NIC, traced, checked against
+    /// the lab's ground truth; everything removed at the end.
     Lab(LabArgs),
 }
 
@@ -107,8 +109,42 @@ struct RecordArgs {
     trace: TraceArgs,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LabModeArg {
+    /// Emulated flow director (ATR): flows re-pointed to other queues/CPUs.
+    Atr,
+    /// Exact, deterministic reordering with no queue/CPU change.
+    Pattern,
+    /// Plain forwarding: no reordering.
+    Off,
+}
+
 #[derive(Args)]
 struct LabArgs {
+    /// What the edge between client and server does.
+    #[arg(long, value_enum, default_value_t = LabModeArg::Atr)]
+    mode: LabModeArg,
+    /// ATR: table re-points per second per flow (each moves the flow to
+    /// another queue and CPU).
+    #[arg(long, value_name = "HZ", default_value_t = 50.0)]
+    rate: f64,
+    /// ATR: packets each CPU's queue holds (how much can wait on the old
+    /// path when a flow moves).
+    #[arg(long, value_name = "PACKETS", default_value_t = 256)]
+    qsize: u32,
+    /// Pattern: swap:N (every Nth data segment swaps with the next) or
+    /// hold:N:US (every Nth is held US microseconds).
+    #[arg(long, default_value = "swap:50", value_parser = |s: &str| s.parse::<lab::Pattern>())]
+    pattern: lab::Pattern,
+    /// Pace each sender to at most MBIT Mbit/s (0: unpaced). Default:
+    /// 200 in pattern mode, whose userspace reorderer keeps exact order only
+    /// at moderate rates; unpaced otherwise.
+    #[arg(long, value_name = "MBIT")]
+    pace: Option<f64>,
+    /// Write the ground truth (every segment leaving the edge: its queue,
+    /// CPU and arrival order; every table change) as JSON lines to FILE.
+    #[arg(long, value_name = "FILE")]
+    truth: Option<PathBuf>,
     /// Parallel TCP connections.
     #[arg(long, default_value_t = 4)]
     flows: usize,
@@ -121,7 +157,7 @@ struct LabArgs {
     /// Use IPv6 instead of IPv4.
     #[arg(long)]
     ipv6: bool,
-    /// TX/RX queues of the veth pair.
+    /// RX queues of the server's interface (TX queues of the edge's).
     #[arg(long, default_value_t = 4)]
     queues: u32,
     #[command(flatten)]
@@ -337,79 +373,100 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             SetupError::BadArgument(format!("--queues {}: give 1 to 64", args.queues)).into(),
         );
     }
+    let mode = match args.mode {
+        LabModeArg::Atr => {
+            if !(args.rate > 0.0 && args.rate <= 10_000.0) {
+                return Err(SetupError::BadArgument(format!(
+                    "--rate {}: give 0 to 10000 re-points per second",
+                    args.rate
+                ))
+                .into());
+            }
+            if !(8..=16_384).contains(&args.qsize) {
+                return Err(SetupError::BadArgument(format!(
+                    "--qsize {}: give 8 to 16384 packets",
+                    args.qsize
+                ))
+                .into());
+            }
+            lab::Mode::Atr {
+                rate: args.rate,
+                qsize: args.qsize,
+            }
+        }
+        LabModeArg::Pattern => lab::Mode::Pattern {
+            pattern: args.pattern,
+        },
+        LabModeArg::Off => lab::Mode::Off,
+    };
+    let pace = args.pace.unwrap_or(match mode {
+        lab::Mode::Pattern { .. } => 200.0,
+        _ => 0.0,
+    });
+    if !(0.0..=1_000_000.0).contains(&pace) {
+        return Err(SetupError::BadArgument(format!(
+            "--pace {pace}: give 0 (unpaced) to 1000000 Mbit/s"
+        ))
+        .into());
+    }
     let mut engine = args.trace.engine()?;
     tracer::require_root()?;
     let mut out = open_outputs(&args.trace)?;
-    let topo = lab::Topology::create(&lab::TopologyOptions {
+    let mut lab = lab::Lab::create(&lab::LabSpec {
+        mode,
         queues: args.queues,
+        flows: args.flows,
+        bytes_per_flow: args.bytes,
+        ipv6: args.ipv6,
+        timeout,
+        pacing: (pace > 0.0).then(|| (pace * 1e6 / 8.0) as u64),
+        truth_out: args.truth.clone(),
     })?;
     let opts = TracerOptions {
         iface: lab::SERVER_IF.to_string(),
-        netns: Some(topo.server_ns.clone()),
+        netns: Some(lab.topo.server_ns.clone()),
         xdp_mode: args.trace.xdp_mode,
         filter: Filter::default(),
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
     };
     let mut tracer = Tracer::attach(&opts)?;
     eprintln!(
-        "lab: {} x {:.0} MB upload over {} (kernel TCP), {} -> {} ({} queues), traced with XDP {}",
+        "lab: {} x {:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
         args.bytes as f64 / 1e6,
         if args.ipv6 { "IPv6" } else { "IPv4" },
-        topo.client_ns,
-        topo.server_ns,
-        topo.queues,
+        if pace > 0.0 {
+            format!(", paced to {pace} Mbit/s per flow")
+        } else {
+            String::new()
+        },
+        lab.topo.queues,
         tracer.mode
     );
-    let upload = lab::Upload::start(
-        &topo,
-        &lab::UploadSpec {
-            flows: args.flows,
-            bytes_per_flow: args.bytes,
-            port: 5201,
-            ipv6: args.ipv6,
-            timeout,
-        },
-    )?;
+    lab.start_upload()?;
     let outcome = collect(
         &mut tracer,
         &mut engine,
         out.as_mut(),
-        || upload.finished(),
+        || lab.finished(),
         Some(timeout + Duration::from_secs(1)),
         !args.trace.quiet,
     );
-    upload.stop();
-    let results = upload.join();
+    let lab_outcome = lab.finish();
     drop(tracer);
-    drop(topo);
+    drop(lab);
     let outcome = outcome?;
-    let results = results?;
-    let ground_truth = serde_json::to_value(&results).expect("lab results serialise");
+    let lab_outcome = lab_outcome?;
+    let value = serde_json::to_value(&lab_outcome).expect("lab outcome serialises");
     print_report(
         &engine,
         &outcome,
         &header(&opts, &outcome),
         args.trace.json,
-        Some(("lab", ground_truth)),
+        Some(("lab", value)),
     );
     if !args.trace.json {
-        println!("  lab ground truth (the sockets' own byte counts):");
-        for r in &results {
-            let traced = engine
-                .flow_state(&r.flow)
-                .and_then(|f| f.wire_metrics())
-                .map_or(0, |m| m.payload_bytes);
-            println!(
-                "    {}  sent {:.1} MB, received {:.1} MB, sender retransmissions {}; traced payload {:.1} MB ({:.1}% of received)",
-                r.flow,
-                r.sent as f64 / 1e6,
-                r.received as f64 / 1e6,
-                r.retransmits,
-                traced as f64 / 1e6,
-                traced as f64 * 100.0 / r.received.max(1) as f64
-            );
-        }
+        print!("{}", report::lab(&engine.snapshot(), &lab_outcome));
     }
     finish(&outcome, out.as_ref(), args.trace.json)
 }

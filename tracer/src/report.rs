@@ -1,11 +1,13 @@
 //! Renders a [`Snapshot`]: the one-line progress summary printed every
-//! second, the final text report, and the JSON report.
+//! second, the final text report, the JSON report, and the lab's ground
+//! truth next to what the tracer found.
 
 use std::{fmt::Write as _, time::Duration};
 
 use crate::{
     engine::{verdict::Verdict, Live},
     kernel::Counters,
+    lab::LabOutcome,
     snapshot::{Distribution, FlowReport, Snapshot},
 };
 use tracer_common::counter;
@@ -127,6 +129,87 @@ pub fn text(s: &Snapshot, counters: &Counters, elapsed: Duration, header: &str) 
     if rest > 0 {
         let _ = writeln!(out, "    ... and {rest} more (--json has them all)");
     }
+    out
+}
+
+/// The lab's own view next to the tracer's, flow by flow: what the sockets
+/// and kernels counted and what the edge did (ground truth).
+pub fn lab(s: &Snapshot, lab: &LabOutcome) -> String {
+    let mut out = String::new();
+    let e = &lab.edge;
+    let cpus: Vec<_> = e
+        .queue_cpus
+        .iter()
+        .enumerate()
+        .map(|(q, c)| format!("{q}->{c}"))
+        .collect();
+    let _ = writeln!(out, "lab: edge in mode {}", e.mode);
+    let _ = writeln!(
+        out,
+        "  edge       queue->CPU {}; {} table changes; {} data segments left it ({} ground-truth events lost, {} without their ingress record)",
+        cpus.join(" "),
+        e.truth.table_changes.len(),
+        e.counters.get("egress_data").copied().unwrap_or(0),
+        e.counters.get("truth_dropped").copied().unwrap_or(0),
+        e.counters.get("egress_unmatched").copied().unwrap_or(0),
+    );
+    for r in &lab.flows {
+        let port = r.flow.src.port();
+        let _ = writeln!(out, "  {}", r.flow);
+        let _ = writeln!(
+            out,
+            "    sockets  sent {:.1} MB, received {:.1} MB; sender {} retransmissions, {} reordering events seen, {} DSACKed; receiver {} segments queued out of order",
+            r.sent as f64 / 1e6,
+            r.received as f64 / 1e6,
+            r.retransmits,
+            r.reord_seen,
+            r.dsack_dups,
+            r.rcv_ooopack
+        );
+        if let Some(t) = e.truth.flow(port) {
+            let _ = writeln!(
+                out,
+                "    truth    {} of {} original segments left the edge late, {} behind a segment on another queue or CPU (and {} late retransmissions, {} late behind their own retransmission); {} queue changes",
+                t.late, t.segments, t.late_on_another_path, t.late_retransmissions, t.late_already_delivered, t.queue_changes
+            );
+        }
+        let src = r.flow.src.to_string();
+        if let Some(f) = s.flows.iter().find(|f| f.src == src) {
+            let a = &f.attribution;
+            let _ = writeln!(
+                out,
+                "    tracer   {} reordered, {} overtaken on another queue or CPU, verdict {}; {} queue migrations; {} arrived above a hole",
+                f.reordered,
+                a.different_queue + a.different_cpu + a.different_queue_and_cpu,
+                f.verdict,
+                f.queue_migrations,
+                f.above_hole
+            );
+        }
+    }
+    if let Some(p) = &e.pattern {
+        let late: Vec<_> = p.late().collect();
+        let extent_max = late.iter().map(|h| h.passed_segments).max().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "  pattern    {} of {} data segments held, {} of them overtaken (extent up to {extent_max})",
+            p.held.len(),
+            p.data_segments,
+            late.len()
+        );
+    }
+    let counters = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, v)| format!("{} {v}", k.trim_start_matches("TcpExt")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "  kernel     receiver {}; sender {}",
+        counters(&lab.receiver_counters),
+        counters(&lab.sender_counters)
+    );
     out
 }
 

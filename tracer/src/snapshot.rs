@@ -51,7 +51,7 @@ pub struct Distribution {
 }
 
 impl Distribution {
-    fn of(h: &Hist) -> Self {
+    pub fn of(h: &Hist) -> Self {
         h.get().map(Self::from_histogram).unwrap_or_default()
     }
 
@@ -150,6 +150,9 @@ pub struct Reordering {
     pub duplicates: u64,
     pub partial_duplicates: u64,
     pub ambiguous: u64,
+    /// Segments whose first new byte arrived above a hole (a receiving TCP
+    /// queues them out of order: Linux's `tcpi_rcv_ooopack`).
+    pub above_hole: u64,
     /// Reordered / (data segments - duplicates), RFC 4737 §4.1.
     pub reordered_ratio: f64,
     pub n_reordering: Vec<NReordering>,
@@ -192,6 +195,7 @@ impl Reordering {
             duplicates: m.duplicates,
             partial_duplicates: m.partial_duplicates,
             ambiguous: m.ambiguous,
+            above_hole: m.above_hole,
             reordered_ratio: m.reordered as f64 / received as f64,
             n_reordering: (0..MAX_N)
                 .map(|i| NReordering {

@@ -3,14 +3,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tracer_common::{
     kind, FlowAddrs, ProbeEvent, RetransmitEvent, SegmentEvent, FAMILY_IPV4, OPT_FIRST_FRAGMENT,
     OPT_TIMESTAMP, OPT_VLAN,
 };
 
 /// One direction of a TCP connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Flow {
     pub src: SocketAddr,
     pub dst: SocketAddr,
@@ -32,7 +32,7 @@ impl std::fmt::Display for Flow {
 }
 
 /// A TCP segment seen by XDP on the traced interface.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {
     /// CLOCK_MONOTONIC nanoseconds.
     pub ts_ns: u64,
@@ -56,7 +56,7 @@ pub struct Segment {
 }
 
 /// A segment, or a GRO-coalesced run of segments, as TCP processed it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TcpProbe {
     pub ts_ns: u64,
     pub cpu: u32,
@@ -75,7 +75,7 @@ pub struct TcpProbe {
 }
 
 /// A segment this host retransmitted.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Retransmit {
     pub ts_ns: u64,
     pub cpu: u32,
@@ -86,7 +86,7 @@ pub struct Retransmit {
     pub err: i32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Observation {
     Segment(Segment),

@@ -177,6 +177,7 @@ fn upload(topo: &Topology, bytes: u64) -> Upload {
             port: 5201,
             ipv6: false,
             timeout: Duration::from_secs(30),
+            pacing: None,
         },
     )
     .expect("upload")

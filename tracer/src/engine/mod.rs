@@ -122,9 +122,14 @@ pub struct Hist(Option<Box<Histogram<u64>>>);
 
 impl Hist {
     pub fn record(&mut self, v: u64) {
-        self.0
-            .get_or_insert_with(|| Box::new(Histogram::new(2).expect("2 significant figures")))
-            .saturating_record(v);
+        let h = self
+            .0
+            .get_or_insert_with(|| Box::new(Histogram::new(2).expect("2 significant figures")));
+        // Grows to fit (`saturating_record` would clamp to the initial
+        // range instead); it can only fail past 2^63.
+        if h.record(v).is_err() {
+            h.saturating_record(v);
+        }
     }
 
     pub fn add(&mut self, other: &Hist) {
@@ -156,6 +161,8 @@ pub struct Metrics {
     pub partial_duplicates: u64,
     pub ambiguous: u64,
     pub holes_opened: u64,
+    /// Segments whose first new byte arrived above a hole.
+    pub above_hole: u64,
     pub queue_migrations: u64,
     pub cpu_migrations: u64,
     pub late: Lazy<LateStats>,
@@ -262,6 +269,7 @@ impl Metrics {
         self.partial_duplicates += o.partial_duplicates;
         self.ambiguous += o.ambiguous;
         self.holes_opened += o.holes_opened;
+        self.above_hole += o.above_hole;
         self.queue_migrations += o.queue_migrations;
         self.cpu_migrations += o.cpu_migrations;
         if o.late.0.is_some() {
@@ -526,6 +534,7 @@ impl Engine {
             rx_queue: s.rx_queue,
             cpu: s.cpu,
             tsval: s.timestamp.map(|(v, _)| v),
+            tsecr: s.timestamp.map(|(_, e)| e),
             ip_id: s.ip_id,
         };
         let out = w.order.observe(&a, rtt);
@@ -633,6 +642,7 @@ fn wire_update(
     m.payload_bytes += u64::from(s.payload_len);
     m.partial_duplicates += u64::from(out.partial_duplicate);
     m.holes_opened += u64::from(out.opened_hole);
+    m.above_hole += u64::from(out.above_hole);
 
     // Migrations: the flow's queue and CPU are those of its latest
     // in-order segment; stragglers arriving late on the old queue do not

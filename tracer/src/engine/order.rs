@@ -52,6 +52,8 @@ pub struct Arrival {
     pub rx_queue: u32,
     pub cpu: u32,
     pub tsval: Option<u32>,
+    /// The TCP timestamp echo reply (TSecr) sent with it.
+    pub tsecr: Option<u32>,
     pub ip_id: Option<u16>,
 }
 
@@ -81,6 +83,9 @@ pub enum Evidence {
     Timestamp,
     /// IPv4 identification behind or ahead of the discontinuity's.
     IpId,
+    /// Same TSval, but the echoed peer timestamp (TSecr) older or newer:
+    /// the sender had heard from the receiver less or more recently.
+    EchoedTimestamp,
     /// Arrived sooner after the discontinuity than a retransmission could
     /// (under half the round-trip time).
     Timing,
@@ -96,6 +101,7 @@ pub struct Discontinuity {
     pub rx_queue: u32,
     pub cpu: u32,
     pub tsval: Option<u32>,
+    pub tsecr: Option<u32>,
     pub ip_id: Option<u16>,
     hole_end: u64,
 }
@@ -127,6 +133,9 @@ pub struct Outcome {
     pub late: Option<Late>,
     /// This in-order segment opened a hole (RFC 4737 §3.4).
     pub opened_hole: bool,
+    /// Its first new byte lay above a hole: a receiving TCP queues it out
+    /// of order (what Linux counts in `tcpi_rcv_ooopack`).
+    pub above_hole: bool,
     /// Arrival index of this segment (unique data segments), if it has new
     /// bytes.
     pub index: Option<u64>,
@@ -339,6 +348,7 @@ impl OrderDetector {
                 partial_duplicate: false,
                 late: None,
                 opened_hole: false,
+                above_hole: false,
                 index: None,
             };
         }
@@ -357,6 +367,7 @@ impl OrderDetector {
                 partial_duplicate: false,
                 late: None,
                 opened_hole: false,
+                above_hole: false,
                 index: None,
             };
         };
@@ -370,6 +381,7 @@ impl OrderDetector {
             partial_duplicate,
             late: None,
             opened_hole: false,
+            above_hole: first_new > self.frontier,
             index: Some(index),
         };
         if first_new >= self.next_exp {
@@ -383,6 +395,7 @@ impl OrderDetector {
                         rx_queue: a.rx_queue,
                         cpu: a.cpu,
                         tsval: a.tsval,
+                        tsecr: a.tsecr,
                         ip_id: a.ip_id,
                         hole_end: first_new,
                     },
@@ -463,6 +476,11 @@ impl OrderDetector {
                 return Evidence::IpId;
             }
         }
+        if let (Some(e), Some(de)) = (a.tsecr, d.tsecr) {
+            if e != de {
+                return Evidence::EchoedTimestamp;
+            }
+        }
         if rtt_ns.is_some_and(|rtt| late.late_ns < rtt / 2) {
             return Evidence::Timing;
         }
@@ -476,6 +494,9 @@ impl OrderDetector {
             // Sent before the segment that overtook it: an original.
             Evidence::Timestamp => (a.tsval.unwrap().wrapping_sub(d.tsval.unwrap()) as i32) < 0,
             Evidence::IpId => (a.ip_id.unwrap().wrapping_sub(d.ip_id.unwrap()) as i16) < 0,
+            Evidence::EchoedTimestamp => {
+                (a.tsecr.unwrap().wrapping_sub(d.tsecr.unwrap()) as i32) < 0
+            }
             Evidence::Timing => true,
             Evidence::None => return Class::Ambiguous,
         };
@@ -625,6 +646,23 @@ mod tests {
         assert_eq!(out[4].late.unwrap().extent, 3);
     }
 
+    /// What a receiving Linux TCP queues out of order: a segment whose
+    /// start is beyond rcv_nxt (every byte below received).
+    #[test]
+    fn above_hole_is_what_tcp_queues_out_of_order() {
+        let above = |packets: &[u64]| -> Vec<bool> {
+            let p: Vec<_> = packets.iter().map(|&s| (s, 0)).collect();
+            run(&p).iter().map(|o| o.above_hole).collect()
+        };
+        // 4 and 3 wait for 2; 2 fills the hole at rcv_nxt.
+        assert_eq!(above(&[1, 4, 3, 2]), [false, true, true, false]);
+        // 5 waits for 4 even once 3 is in; 4 then lands at rcv_nxt.
+        assert_eq!(
+            above(&[1, 3, 5, 2, 4, 6]),
+            [false, true, true, false, false, false]
+        );
+    }
+
     #[test]
     fn the_issue_example_in_bytes() {
         // 1,2,3,5,6,7,8,4,9,10 with 100-byte payloads: packet 4 has extent
@@ -757,6 +795,30 @@ mod tests {
             (Class::Ambiguous, Evidence::None)
         );
         assert_eq!(classify(soon, j6, None), (Class::Ambiguous, Evidence::None));
+    }
+
+    #[test]
+    fn the_echoed_timestamp_decides_within_one_tsval_tick() {
+        // IPv6, same TSval: the sender had heard from the receiver more
+        // recently when it sent the late one (a retransmission), or less
+        // recently (an original sent before the jumper).
+        let echo = |p, tsecr, us| Arrival {
+            tsecr: Some(tsecr),
+            ..ts_arrival(p, Some(20), None, us)
+        };
+        let jumper = echo(3, 70, 100);
+        assert_eq!(
+            classify(echo(2, 69, 900), jumper, Some(100_000)),
+            (Class::Reordered, Evidence::EchoedTimestamp)
+        );
+        assert_eq!(
+            classify(echo(2, 71, 900), jumper, Some(100_000)),
+            (Class::Retransmission, Evidence::EchoedTimestamp)
+        );
+        assert_eq!(
+            classify(echo(2, 70, 900), jumper, Some(100_000)).0,
+            Class::Ambiguous
+        );
     }
 
     #[test]

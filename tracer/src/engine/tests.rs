@@ -352,3 +352,16 @@ fn snapshots_are_deterministic_and_carry_the_documented_json() {
     assert_eq!(f["verdict"], "nic-steering");
     assert_eq!(f["reordered"], 2);
 }
+
+#[test]
+fn distributions_keep_large_values() {
+    let mut h = Hist::default();
+    for v in [1, 1448, 130_320, 2_000_000] {
+        h.record(v);
+    }
+    let d = crate::snapshot::Distribution::of(&h);
+    assert_eq!((d.count, d.min), (4, 1));
+    // Two significant figures: within 1%.
+    assert!(d.max.abs_diff(2_000_000) <= 20_000, "{d:?}");
+    assert!(d.p50.abs_diff(1448) <= 15, "{d:?}");
+}

@@ -245,7 +245,7 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::
         .with_context(|| format!("the eBPF object has no program {name}"))
 }
 
-fn if_index(name: &str) -> Option<u32> {
+pub(crate) fn if_index(name: &str) -> Option<u32> {
     let c = CString::new(name).ok()?;
     // SAFETY: valid NUL-terminated string.
     let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
@@ -341,7 +341,7 @@ fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: 
 }
 
 /// Program names of ours, as the kernel stores them (15 characters at most).
-pub const PROGRAM_NAMES: [&str; 7] = [
+pub const PROGRAM_NAMES: [&str; 9] = [
     "tag_rx",
     "tcp_probe0",
     "tcp_probe1",
@@ -349,6 +349,9 @@ pub const PROGRAM_NAMES: [&str; 7] = [
     "tcp_rtx0",
     "tcp_rtx1",
     "tcp_rtx2",
+    // The lab's edge.
+    "edge_steer",
+    "edge_egress",
 ];
 
 /// Copies of each tracepoint program (see tracer-ebpf's `RUNNING`).

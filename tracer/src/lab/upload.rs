@@ -1,197 +1,23 @@
-//! A self-contained test network: two network namespaces joined by a
-//! multi-queue veth pair, and a bounded kernel-TCP upload between them.
-//!
-//! Everything is named `tracer-lab-<pid>-<n>-...`, so a later run can tell
-//! leftovers of a crashed one (dead pid) from a concurrent one, and removes
-//! them. Dropping a [`Topology`] deletes its namespaces (and with them the
-//! veth pair); dropping an [`Upload`] stops and joins its threads.
+//! A bounded kernel-TCP upload from the lab's client to its server: one
+//! sending thread per flow, one reading thread per accepted connection,
+//! and what each socket says it did (`tcp_info`).
 
 use std::{
     io::{ErrorKind, Read, Write},
-    net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
     os::fd::AsRawFd,
-    process::Command,
     sync::{
-        atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
     },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
-use crate::{kernel::netns::NetnsGuard, source::Flow, SetupError};
-
-pub const NS_PREFIX: &str = "tracer-lab-";
-/// Interface names inside the namespaces.
-pub const CLIENT_IF: &str = "veth-c";
-pub const SERVER_IF: &str = "veth-s";
-pub const CLIENT_V4: &str = "10.77.0.1";
-pub const SERVER_V4: &str = "10.77.0.2";
-pub const CLIENT_V6: &str = "fd77::1";
-pub const SERVER_V6: &str = "fd77::2";
-
-static NEXT_ID: AtomicU32 = AtomicU32::new(0);
-
-/// Runs `ip ARGS`, failing with its stderr.
-pub fn ip(args: &[&str]) -> Result<String> {
-    let out = Command::new("ip").args(args).output().map_err(|e| {
-        SetupError::Environment(format!(
-            "cannot run `ip` ({e}): the lab needs iproute2 (`cargo xtask setup` installs it)"
-        ))
-    })?;
-    if !out.status.success() {
-        bail!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Our namespaces currently present.
-pub fn lab_namespaces() -> Vec<String> {
-    std::fs::read_dir(crate::kernel::netns::NETNS_RUN_DIR)
-        .map(|dir| {
-            dir.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .filter(|n| n.starts_with(NS_PREFIX))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Deletes namespaces left by lab runs whose process is gone. Returns them.
-pub fn cleanup_leftovers() -> Vec<String> {
-    let mut removed = Vec::new();
-    for name in lab_namespaces() {
-        let pid = name[NS_PREFIX.len()..]
-            .split('-')
-            .next()
-            .and_then(|p| p.parse::<u32>().ok());
-        let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
-        if !alive && ip(&["netns", "delete", &name]).is_ok() {
-            removed.push(name);
-        }
-    }
-    removed
-}
-
-#[derive(Clone, Debug)]
-pub struct TopologyOptions {
-    /// TX and RX queues on each side of the veth pair.
-    pub queues: u32,
-}
-
-impl Default for TopologyOptions {
-    fn default() -> Self {
-        Self { queues: 4 }
-    }
-}
-
-/// Client and server namespaces joined by `veth-c` <-> `veth-s`.
-pub struct Topology {
-    pub client_ns: String,
-    pub server_ns: String,
-    pub queues: u32,
-}
-
-impl Topology {
-    pub fn create(opts: &TopologyOptions) -> Result<Self> {
-        crate::require_root()?;
-        let removed = cleanup_leftovers();
-        if !removed.is_empty() {
-            eprintln!(
-                "lab: removed leftovers of an earlier run: {}",
-                removed.join(", ")
-            );
-        }
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let base = format!("{NS_PREFIX}{}-{id}", std::process::id());
-        let topo = Topology {
-            client_ns: format!("{base}-client"),
-            server_ns: format!("{base}-server"),
-            queues: opts.queues,
-        };
-        // From here on, Drop removes whatever was created.
-        ip(&["netns", "add", &topo.client_ns])?;
-        ip(&["netns", "add", &topo.server_ns])?;
-        let q = opts.queues.to_string();
-        ip(&[
-            "link",
-            "add",
-            CLIENT_IF,
-            "netns",
-            &topo.client_ns,
-            "numtxqueues",
-            &q,
-            "numrxqueues",
-            &q,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            SERVER_IF,
-            "netns",
-            &topo.server_ns,
-            "numtxqueues",
-            &q,
-            "numrxqueues",
-            &q,
-        ])?;
-        for (ns, dev, v4, v6) in [
-            (&topo.client_ns, CLIENT_IF, CLIENT_V4, CLIENT_V6),
-            (&topo.server_ns, SERVER_IF, SERVER_V4, SERVER_V6),
-        ] {
-            ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", dev])?;
-            ip(&[
-                "-n",
-                ns,
-                "-6",
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                dev,
-                "nodad",
-            ])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            ip(&["-n", ns, "link", "set", dev, "up"])?;
-        }
-        Ok(topo)
-    }
-
-    pub fn server_addr(&self, ipv6: bool) -> IpAddr {
-        (if ipv6 { SERVER_V6 } else { SERVER_V4 }).parse().unwrap()
-    }
-
-    /// The RX queue count of `dev` in `ns`, as iproute2 reports it.
-    pub fn rx_queues(ns: &str, dev: &str) -> Result<u32> {
-        let out = ip(&["-n", ns, "-d", "link", "show", dev])?;
-        out.split_whitespace()
-            .skip_while(|w| *w != "numrxqueues")
-            .nth(1)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no numrxqueues in `ip -d link show {dev}`"))
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        for ns in [&self.client_ns, &self.server_ns] {
-            if let Err(e) = ip(&["netns", "delete", ns]) {
-                eprintln!("lab: could not delete namespace {ns}: {e}");
-            }
-        }
-    }
-}
-
-/// Runs `f` with the calling thread inside namespace `ns`.
-pub fn in_netns<T>(ns: &str, f: impl FnOnce() -> T) -> Result<T, SetupError> {
-    let _guard = NetnsGuard::enter(ns)?;
-    Ok(f())
-}
+use super::{in_netns, Topology};
+use crate::source::Flow;
 
 #[derive(Clone, Debug)]
 pub struct UploadSpec {
@@ -201,6 +27,8 @@ pub struct UploadSpec {
     pub ipv6: bool,
     /// Hard bound on the whole upload.
     pub timeout: Duration,
+    /// Per-flow pacing, bytes per second (None: as fast as TCP goes).
+    pub pacing: Option<u64>,
 }
 
 /// What one flow of an upload did, from the sockets' own point of view.
@@ -213,7 +41,18 @@ pub struct FlowResult {
     /// The sender's `tcpi_total_retrans` (segments) and `tcpi_bytes_retrans`.
     pub retransmits: u32,
     pub bytes_retrans: u64,
+    /// The sender's `tcpi_reord_seen` (reordering events its loss detection
+    /// noticed) and `tcpi_dsack_dups` (retransmissions the receiver reported
+    /// as duplicates: spurious).
+    pub reord_seen: u32,
+    pub dsack_dups: u32,
+    /// The receiver's `tcpi_rcv_ooopack`: segments it received above a
+    /// hole (queued out of order).
+    pub rcv_ooopack: u32,
 }
+
+/// One accepted connection: peer, bytes read, the socket's tcp_info.
+type Received = (SocketAddr, u64, Option<libc::tcp_info>);
 
 struct Sent {
     local: SocketAddr,
@@ -226,7 +65,7 @@ pub struct Upload {
     stop: Arc<AtomicBool>,
     remaining: Arc<AtomicUsize>,
     senders: Vec<JoinHandle<Result<Sent>>>,
-    server: Option<JoinHandle<Vec<(SocketAddr, u64)>>>,
+    server: Option<JoinHandle<Vec<Received>>>,
     server_addr: SocketAddr,
 }
 
@@ -251,9 +90,9 @@ impl Upload {
         let mut senders = Vec::new();
         for _ in 0..spec.flows {
             let (stop, remaining) = (stop.clone(), remaining.clone());
-            let (ns, bytes) = (topo.client_ns.clone(), spec.bytes_per_flow);
+            let (ns, bytes, pacing) = (topo.client_ns.clone(), spec.bytes_per_flow, spec.pacing);
             senders.push(std::thread::spawn(move || {
-                let r = send(&ns, server_addr, bytes, deadline, &stop);
+                let r = send(&ns, server_addr, bytes, pacing, deadline, &stop);
                 remaining.fetch_sub(1, Ordering::SeqCst);
                 r
             }));
@@ -295,18 +134,24 @@ impl Upload {
             .map_err(|_| anyhow::anyhow!("lab server panicked"))?;
         Ok(sent
             .into_iter()
-            .map(|s| FlowResult {
-                flow: Flow {
-                    src: s.local,
-                    dst: self.server_addr,
-                },
-                sent: s.sent,
-                received: received
+            .map(|s| {
+                let (bytes, rx_info) = received
                     .iter()
-                    .find(|(peer, _)| *peer == s.local)
-                    .map_or(0, |(_, n)| *n),
-                retransmits: s.info.map_or(0, |i| i.tcpi_total_retrans),
-                bytes_retrans: s.info.map_or(0, |i| i.tcpi_bytes_retrans),
+                    .find(|(peer, _, _)| *peer == s.local)
+                    .map_or((0, None), |(_, n, i)| (*n, *i));
+                FlowResult {
+                    flow: Flow {
+                        src: s.local,
+                        dst: self.server_addr,
+                    },
+                    sent: s.sent,
+                    received: bytes,
+                    retransmits: s.info.map_or(0, |i| i.tcpi_total_retrans),
+                    bytes_retrans: s.info.map_or(0, |i| i.tcpi_bytes_retrans),
+                    reord_seen: s.info.map_or(0, |i| i.tcpi_reord_seen),
+                    dsack_dups: s.info.map_or(0, |i| i.tcpi_dsack_dups),
+                    rcv_ooopack: rx_info.map_or(0, |i| i.tcpi_rcv_ooopack),
+                }
             })
             .collect())
     }
@@ -328,20 +173,21 @@ fn expired(deadline: Instant, stop: &AtomicBool) -> bool {
     stop.load(Ordering::SeqCst) || Instant::now() >= deadline
 }
 
-/// Accepts `flows` connections and reads each to EOF; (peer, bytes) each.
+/// Accepts `flows` connections and reads each to EOF.
 fn serve(
     listener: TcpListener,
     flows: usize,
     deadline: Instant,
     stop: &Arc<AtomicBool>,
-) -> Vec<(SocketAddr, u64)> {
+) -> Vec<Received> {
     let mut readers = Vec::new();
     while readers.len() < flows && !expired(deadline, stop) {
         match listener.accept() {
             Ok((stream, peer)) => {
                 let stop = stop.clone();
                 readers.push(std::thread::spawn(move || {
-                    (peer, drain_stream(stream, deadline, &stop))
+                    let bytes = drain_stream(&stream, deadline, &stop);
+                    (peer, bytes, tcp_info(&stream).ok())
                 }));
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -361,7 +207,7 @@ fn transient(e: &std::io::Error) -> bool {
     )
 }
 
-fn drain_stream(mut stream: TcpStream, deadline: Instant, stop: &AtomicBool) -> u64 {
+fn drain_stream(mut stream: &TcpStream, deadline: Instant, stop: &AtomicBool) -> u64 {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(POLL));
     let mut buf = vec![0u8; CHUNK];
@@ -377,10 +223,31 @@ fn drain_stream(mut stream: TcpStream, deadline: Instant, stop: &AtomicBool) -> 
     total
 }
 
+/// `SO_MAX_PACING_RATE`: TCP spreads the socket's segments out to at most
+/// `bytes_per_sec` (instead of bursting a window at a time).
+fn set_max_pacing_rate(stream: &TcpStream, bytes_per_sec: u64) -> Result<()> {
+    let rate = bytes_per_sec.min(u64::from(u32::MAX - 1)) as u32;
+    // SAFETY: a valid socket and a u32 option value.
+    let ret = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            (&rate as *const u32).cast(),
+            size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error()).context("setting SO_MAX_PACING_RATE");
+    }
+    Ok(())
+}
+
 fn send(
     ns: &str,
     to: SocketAddr,
     bytes: u64,
+    pacing: Option<u64>,
     deadline: Instant,
     stop: &AtomicBool,
 ) -> Result<Sent> {
@@ -390,6 +257,9 @@ fn send(
     .with_context(|| format!("lab client connecting to {to}"))?;
     stream.set_write_timeout(Some(POLL))?;
     stream.set_read_timeout(Some(POLL))?;
+    if let Some(rate) = pacing {
+        set_max_pacing_rate(&stream, rate)?;
+    }
     let local = stream.local_addr()?;
     let chunk = vec![0x5au8; CHUNK];
     let mut sent = 0u64;

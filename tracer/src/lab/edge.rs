@@ -1,0 +1,371 @@
+//! The lab's edge: an emulated flow-director NIC (programs in
+//! `tracer-ebpf/src/lab_edge.rs`), in one of three modes.
+//!
+//! * `atr`: every packet is redirected to the CPU serving its flow's queue
+//!   (CPUMAP, as a NIC's queue interrupt lands on one core) and leaves on
+//!   that queue; a thread re-points every flow to the next queue, served by
+//!   another CPU, `rate` times a second. Segments still queued for the old
+//!   CPU then race the new ones: the ATR signature.
+//! * `pattern`: exact reordering by a userspace thread ([`super::pattern`]);
+//!   queue and CPU never change.
+//! * `off`: plain forwarding; each flow keeps its hashed queue.
+//!
+//! In every mode the egress program reports each data segment leaving
+//! towards the server, which is the ground truth ([`Truth`]).
+
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    os::fd::AsRawFd,
+    os::unix::fs::OpenOptionsExt,
+    path::Path,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use aya::{
+    maps::{Array, CpuMap, HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{tc::TcAttachType, SchedClassifier, Xdp, XdpMode},
+    Ebpf,
+};
+use serde::Serialize;
+use tracer_common::edge::{self, counter, EdgeConfig, EdgeEvent};
+
+use super::{
+    pattern::{Pattern, PatternTruth, Reorderer},
+    truth::{TableChange, Truth, TruthRecord},
+    Topology, EDGE_CLIENT_IF, EDGE_SERVER_IF,
+};
+use crate::{kernel::netns::NetnsGuard, SetupError};
+
+/// How the edge treats the upload.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Mode {
+    /// Flow-director emulation: `rate` re-points per second per flow,
+    /// `qsize` packets of room per CPU (how much can wait on the old path).
+    Atr {
+        rate: f64,
+        qsize: u32,
+    },
+    Pattern {
+        pattern: Pattern,
+    },
+    Off,
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Mode::Atr { rate, qsize } => write!(
+                f,
+                "atr: each flow re-pointed to another queue and CPU {rate} times a second, {qsize} packets of CPU queue"
+            ),
+            Mode::Pattern { pattern } => write!(f, "pattern {pattern}: one queue, one CPU"),
+            Mode::Off => write!(f, "off: plain forwarding, each flow on its hashed queue"),
+        }
+    }
+}
+
+/// What the edge did, for the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct EdgeReport {
+    pub mode: Mode,
+    /// Queue -> CPU, as the edge served them.
+    pub queue_cpus: Vec<u32>,
+    #[serde(flatten)]
+    pub truth: Truth,
+    pub pattern: Option<PatternTruth>,
+    /// The edge programs' counters (ground-truth events lost, unmatched).
+    pub counters: std::collections::BTreeMap<&'static str, u64>,
+}
+
+pub struct Edge {
+    mode: Mode,
+    queue_cpus: Vec<u32>,
+    /// The programs and their links (dropping detaches).
+    ebpf: Option<Ebpf>,
+    counters: PerCpuArray<MapData, u64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Truth>>,
+    reorderer: Option<Reorderer>,
+}
+
+const COUNTER_NAMES: [(&str, u32); counter::COUNT as usize] = [
+    ("frames", counter::FRAMES),
+    ("tcp", counter::TCP),
+    ("redirect_failed", counter::REDIRECT_FAILED),
+    ("flows_learned", counter::FLOWS_LEARNED),
+    ("egress_data", counter::EGRESS_DATA),
+    ("egress_unmatched", counter::EGRESS_UNMATCHED),
+    ("truth_emitted", counter::TRUTH_EMITTED),
+    ("truth_dropped", counter::TRUTH_DROPPED),
+];
+
+impl Edge {
+    /// Loads the edge programs into `topo`'s edge namespace and starts the
+    /// mode's work; `truth_out` gets every segment leaving the edge.
+    pub fn start(topo: &Topology, mode: Mode, truth_out: Option<&Path>) -> Result<Self> {
+        let out = TruthFile::create(truth_out)?;
+        let cpus = online_cpus()?;
+        let queue_cpus: Vec<u32> = (0..topo.queues)
+            .map(|q| cpus[q as usize % cpus.len()])
+            .collect();
+        let mut ebpf =
+            Ebpf::load(crate::LAB_EDGE_OBJECT).context("loading the lab's edge programs")?;
+        let steer = matches!(mode, Mode::Atr { .. });
+        Array::<_, EdgeConfig>::try_from(ebpf.map_mut("CONFIG").context("no CONFIG map")?)?.set(
+            0,
+            EdgeConfig {
+                mode: if steer {
+                    edge::MODE_STEER
+                } else {
+                    edge::MODE_PASS
+                },
+                queues: topo.queues,
+            },
+            0,
+        )?;
+        let mut queue_cpu =
+            Array::<_, u32>::try_from(ebpf.map_mut("QUEUE_CPU").context("no QUEUE_CPU map")?)?;
+        for (q, cpu) in queue_cpus.iter().enumerate() {
+            queue_cpu.set(q as u32, cpu, 0)?;
+        }
+        if let Mode::Atr { qsize, .. } = mode {
+            let mut cpumap = CpuMap::try_from(ebpf.map_mut("CPUS").context("no CPUS map")?)?;
+            for &cpu in &cpus {
+                cpumap
+                    .set(cpu, qsize, None, 0)
+                    .with_context(|| format!("CPU map entry for CPU {cpu}"))?;
+            }
+        }
+        {
+            let _in_edge = NetnsGuard::enter(&topo.edge_ns)?;
+            let xdp: &mut Xdp = ebpf
+                .program_mut("edge_steer")
+                .context("no edge_steer program")?
+                .try_into()?;
+            xdp.load().context("loading edge_steer")?;
+            xdp.attach(EDGE_CLIENT_IF, XdpMode::Driver)
+                .with_context(|| format!("attaching edge_steer to {EDGE_CLIENT_IF}"))?;
+            let tc: &mut SchedClassifier = ebpf
+                .program_mut("edge_egress")
+                .context("no edge_egress program")?
+                .try_into()?;
+            tc.load().context("loading edge_egress")?;
+            tc.attach(EDGE_SERVER_IF, TcAttachType::Egress)
+                .with_context(|| format!("attaching edge_egress to {EDGE_SERVER_IF} egress"))?;
+        }
+        let ring = RingBuf::try_from(ebpf.take_map("TRUTH").context("no TRUTH map")?)?;
+        let flows = HashMap::try_from(ebpf.take_map("FLOWS").context("no FLOWS map")?)?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map("EDGE_COUNTERS")
+                .context("no EDGE_COUNTERS map")?,
+        )?;
+        let reorderer = match mode {
+            Mode::Pattern { pattern } => Some(Reorderer::start(&topo.edge_ns, pattern)?),
+            _ => None,
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            let repoint = match mode {
+                Mode::Atr { rate, .. } => Some(Duration::from_secs_f64(1.0 / rate)),
+                _ => None,
+            };
+            let queues = topo.queues;
+            std::thread::Builder::new()
+                .name("lab-edge".into())
+                .spawn(move || edge_loop(ring, flows, repoint, queues, out, &stop))?
+        };
+        Ok(Self {
+            mode,
+            queue_cpus,
+            ebpf: Some(ebpf),
+            counters,
+            stop,
+            thread: Some(thread),
+            reorderer,
+        })
+    }
+
+    /// Stops the edge's work and detaches its programs; what it did.
+    pub fn finish(mut self) -> Result<EdgeReport> {
+        let pattern = self.reorderer.take().map(Reorderer::finish).transpose()?;
+        // Nothing more leaves the edge once the programs are gone; the
+        // thread's last drain then has every event.
+        self.ebpf = None;
+        self.stop.store(true, Ordering::SeqCst);
+        let truth = self
+            .thread
+            .take()
+            .expect("finished once")
+            .join()
+            .map_err(|_| anyhow::anyhow!("lab edge thread panicked"))?;
+        let mut counters = std::collections::BTreeMap::new();
+        for (name, index) in COUNTER_NAMES {
+            let v: u64 = self.counters.get(&index, 0)?.iter().sum();
+            counters.insert(name, v);
+        }
+        Ok(EdgeReport {
+            mode: self.mode,
+            queue_cpus: self.queue_cpus.clone(),
+            truth,
+            pattern,
+            counters,
+        })
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Drains the ground truth and, in ATR mode, re-points the table.
+fn edge_loop(
+    mut ring: RingBuf<MapData>,
+    mut flows: HashMap<MapData, u32, u32>,
+    repoint: Option<Duration>,
+    queues: u32,
+    mut out: TruthFile,
+    stop: &AtomicBool,
+) -> Truth {
+    let mut truth = Truth::default();
+    let mut next = repoint.map(|p| Instant::now() + p);
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        while let Some(item) = ring.next() {
+            if item.len() >= size_of::<EdgeEvent>() {
+                // SAFETY: the record is an EdgeEvent written by edge_egress;
+                // read unaligned.
+                let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<EdgeEvent>()) };
+                truth.observe(&ev);
+                out.write(&TruthRecord::segment(&ev));
+            }
+        }
+        if stopping {
+            truth.file_error = out.finish();
+            return truth;
+        }
+        if let (Some(at), Some(period)) = (next, repoint) {
+            if Instant::now() >= at {
+                let ts_ns = monotonic_ns();
+                let entries: Vec<(u32, u32)> = flows.iter().filter_map(|e| e.ok()).collect();
+                for (key, queue) in entries {
+                    let to = (queue + 1) % queues.max(1);
+                    if flows.insert(key, to, 0).is_ok() {
+                        let change = TableChange {
+                            ts_ns,
+                            client_port: (key >> 16) as u16,
+                            from_queue: queue,
+                            to_queue: to,
+                        };
+                        out.write(&TruthRecord::TableChange(&change));
+                        truth.table_changes.push(change);
+                    }
+                }
+                next = Some(at + period);
+            }
+        }
+        let wait = next.map_or(Duration::from_millis(20), |at| {
+            at.saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(20))
+        });
+        let mut pfd = libc::pollfd {
+            fd: ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: wait.as_nanos() as libc::c_long,
+        };
+        // SAFETY: one valid pollfd and timespec for the call.
+        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    }
+}
+
+/// The optional ground-truth JSON-lines file. A write error stops the
+/// writing (the run goes on) and is reported at the end.
+struct TruthFile {
+    out: Option<BufWriter<File>>,
+    error: Option<String>,
+}
+
+impl TruthFile {
+    fn create(path: Option<&Path>) -> Result<Self, SetupError> {
+        let out = path
+            .map(|p| {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(p)
+                    .map(BufWriter::new)
+                    .map_err(|e| SetupError::BadArgument(format!("--truth {}: {e}", p.display())))
+            })
+            .transpose()?;
+        Ok(Self { out, error: None })
+    }
+
+    fn write(&mut self, record: &TruthRecord<'_>) {
+        let Some(out) = self.out.as_mut() else {
+            return;
+        };
+        let res = serde_json::to_writer(&mut *out, record)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"));
+        if let Err(e) = res {
+            self.error = Some(e.to_string());
+            self.out = None;
+        }
+    }
+
+    fn finish(mut self) -> Option<String> {
+        if let Some(mut out) = self.out.take() {
+            if let Err(e) = out.flush() {
+                self.error = Some(e.to_string());
+            }
+        }
+        self.error
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The online CPUs, from /sys/devices/system/cpu/online ("0-3,6").
+pub fn online_cpus() -> Result<Vec<u32>, SetupError> {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .map_err(|e| SetupError::Environment(format!("reading the online CPUs: {e}")))?;
+    let mut cpus = Vec::new();
+    for part in list.trim().split(',') {
+        let range = match part.split_once('-') {
+            Some((a, b)) => a.parse::<u32>().ok().zip(b.parse::<u32>().ok()),
+            None => part.parse::<u32>().ok().map(|a| (a, a)),
+        };
+        let (a, b) = range.ok_or_else(|| {
+            SetupError::Environment(format!("cannot read the online CPU list `{}`", list.trim()))
+        })?;
+        cpus.extend(a..=b);
+    }
+    Ok(cpus)
+}

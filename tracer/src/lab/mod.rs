@@ -1,0 +1,409 @@
+//! A self-contained lab that reproduces the seed's failure on one machine:
+//! a real kernel-TCP upload from a client to a server through an "edge"
+//! that behaves like a flow-steering NIC, with ground truth to check the
+//! tracer against.
+//!
+//! ```text
+//!  client ns            edge ns                          server ns
+//!  veth-c  ────────  veth-ec  [edge_steer XDP]            veth-s  [tracer]
+//!  10.77.1.1         10.77.1.2   │ forward                 10.77.2.2
+//!  (1 queue)                     └─ veth-es [edge_egress] ── (N queues)
+//!                                   10.77.2.1
+//! ```
+//!
+//! [`Edge`] emulates the NIC in one of three [`Mode`]s; the tracer observes
+//! the server's `veth-s`, where each segment arrives on the RX queue and
+//! CPU the edge gave it. [`Upload`] drives bounded kernel TCP. [`truth`]
+//! holds what the edge did and what the kernels counted.
+//!
+//! Everything is named `tracer-lab-<pid>-<n>-...`, so a later run can tell
+//! leftovers of a crashed one (dead pid) from a concurrent one, and removes
+//! them. Dropping a [`Topology`] deletes its namespaces (and with them the
+//! links, the programs attached to them and the iptables rules inside).
+
+mod edge;
+mod pattern;
+pub mod truth;
+mod upload;
+
+use std::{
+    net::IpAddr,
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use anyhow::{bail, Context, Result};
+
+pub use edge::{Edge, EdgeReport, Mode};
+pub use pattern::{HeldSegment, Pattern, PatternTruth};
+pub use upload::{tcp_info, FlowResult, Upload, UploadSpec};
+
+use crate::{kernel::netns::NetnsGuard, SetupError};
+
+pub const NS_PREFIX: &str = "tracer-lab-";
+/// Interface names inside the namespaces.
+pub const CLIENT_IF: &str = "veth-c";
+pub const EDGE_CLIENT_IF: &str = "veth-ec";
+pub const EDGE_SERVER_IF: &str = "veth-es";
+pub const SERVER_IF: &str = "veth-s";
+pub const CLIENT_V4: &str = "10.77.1.1";
+pub const EDGE_CLIENT_V4: &str = "10.77.1.2";
+pub const EDGE_SERVER_V4: &str = "10.77.2.1";
+pub const SERVER_V4: &str = "10.77.2.2";
+pub const CLIENT_V6: &str = "fd77:1::1";
+pub const EDGE_CLIENT_V6: &str = "fd77:1::2";
+pub const EDGE_SERVER_V6: &str = "fd77:2::1";
+pub const SERVER_V6: &str = "fd77:2::2";
+/// The port the lab's server listens on.
+pub const SERVER_PORT: u16 = 5201;
+
+static NEXT_ID: AtomicU32 = AtomicU32::new(0);
+
+/// Runs `ip ARGS`, failing with its stderr.
+pub fn ip(args: &[&str]) -> Result<String> {
+    let out = Command::new("ip").args(args).output().map_err(|e| {
+        SetupError::Environment(format!(
+            "cannot run `ip` ({e}): the lab needs iproute2 (`cargo xtask setup` installs it)"
+        ))
+    })?;
+    if !out.status.success() {
+        bail!(
+            "`ip {}` failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Our namespaces currently present.
+pub fn lab_namespaces() -> Vec<String> {
+    std::fs::read_dir(crate::kernel::netns::NETNS_RUN_DIR)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| n.starts_with(NS_PREFIX))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Deletes namespaces left by lab runs whose process is gone. Returns them.
+pub fn cleanup_leftovers() -> Vec<String> {
+    let mut removed = Vec::new();
+    for name in lab_namespaces() {
+        let pid = name[NS_PREFIX.len()..]
+            .split('-')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        if !alive && ip(&["netns", "delete", &name]).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
+#[derive(Clone, Debug)]
+pub struct TopologyOptions {
+    /// TX and RX queues of the edge -> server link (the server's RX queues).
+    pub queues: u32,
+}
+
+impl Default for TopologyOptions {
+    fn default() -> Self {
+        Self { queues: 4 }
+    }
+}
+
+/// Client, edge and server namespaces, routed through the edge.
+pub struct Topology {
+    pub client_ns: String,
+    pub edge_ns: String,
+    pub server_ns: String,
+    pub queues: u32,
+}
+
+impl Topology {
+    pub fn create(opts: &TopologyOptions) -> Result<Self> {
+        crate::require_root()?;
+        let removed = cleanup_leftovers();
+        if !removed.is_empty() {
+            eprintln!(
+                "lab: removed leftovers of an earlier run: {}",
+                removed.join(", ")
+            );
+        }
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let base = format!("{NS_PREFIX}{}-{id}", std::process::id());
+        let topo = Topology {
+            client_ns: format!("{base}-client"),
+            edge_ns: format!("{base}-edge"),
+            server_ns: format!("{base}-server"),
+            queues: opts.queues,
+        };
+        // From here on, Drop removes whatever was created.
+        for ns in [&topo.client_ns, &topo.edge_ns, &topo.server_ns] {
+            ip(&["netns", "add", ns])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        veth_pair(
+            (&topo.client_ns, CLIENT_IF),
+            (&topo.edge_ns, EDGE_CLIENT_IF),
+            1,
+        )?;
+        veth_pair(
+            (&topo.edge_ns, EDGE_SERVER_IF),
+            (&topo.server_ns, SERVER_IF),
+            opts.queues,
+        )?;
+        for (ns, dev, v4, v6) in [
+            (&topo.client_ns, CLIENT_IF, CLIENT_V4, CLIENT_V6),
+            (
+                &topo.edge_ns,
+                EDGE_CLIENT_IF,
+                EDGE_CLIENT_V4,
+                EDGE_CLIENT_V6,
+            ),
+            (
+                &topo.edge_ns,
+                EDGE_SERVER_IF,
+                EDGE_SERVER_V4,
+                EDGE_SERVER_V6,
+            ),
+            (&topo.server_ns, SERVER_IF, SERVER_V4, SERVER_V6),
+        ] {
+            ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", dev])?;
+            ip(&[
+                "-n",
+                ns,
+                "-6",
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ])?;
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+        }
+        for (ns, v4, v6) in [
+            (&topo.client_ns, EDGE_CLIENT_V4, EDGE_CLIENT_V6),
+            (&topo.server_ns, EDGE_SERVER_V4, EDGE_SERVER_V6),
+        ] {
+            ip(&["-n", ns, "route", "add", "default", "via", v4])?;
+            ip(&["-n", ns, "-6", "route", "add", "default", "via", v6])?;
+        }
+        in_netns(&topo.edge_ns, || -> Result<()> {
+            for knob in [
+                "/proc/sys/net/ipv4/ip_forward",
+                "/proc/sys/net/ipv6/conf/all/forwarding",
+            ] {
+                std::fs::write(knob, "1").with_context(|| format!("writing {knob}"))?;
+            }
+            Ok(())
+        })??;
+        // The edge may rebuild the client's packets from XDP frames (CPU
+        // redirect), which keeps no checksum-offload state: the client
+        // computes full checksums.
+        in_netns(&topo.client_ns, || tx_checksum_offload(CLIENT_IF, false))??;
+        Ok(topo)
+    }
+
+    pub fn server_addr(&self, ipv6: bool) -> IpAddr {
+        (if ipv6 { SERVER_V6 } else { SERVER_V4 }).parse().unwrap()
+    }
+
+    /// The RX queue count of `dev` in `ns`, as iproute2 reports it.
+    pub fn rx_queues(ns: &str, dev: &str) -> Result<u32> {
+        let out = ip(&["-n", ns, "-d", "link", "show", dev])?;
+        out.split_whitespace()
+            .skip_while(|w| *w != "numrxqueues")
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no numrxqueues in `ip -d link show {dev}`"))
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for ns in [&self.client_ns, &self.edge_ns, &self.server_ns] {
+            if let Err(e) = ip(&["netns", "delete", ns]) {
+                eprintln!("lab: could not delete namespace {ns}: {e}");
+            }
+        }
+    }
+}
+
+fn veth_pair(a: (&str, &str), b: (&str, &str), queues: u32) -> Result<()> {
+    let q = queues.to_string();
+    ip(&[
+        "link",
+        "add",
+        a.1,
+        "netns",
+        a.0,
+        "numtxqueues",
+        &q,
+        "numrxqueues",
+        &q,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        b.1,
+        "netns",
+        b.0,
+        "numtxqueues",
+        &q,
+        "numrxqueues",
+        &q,
+    ])?;
+    Ok(())
+}
+
+/// `ethtool -K DEV tx on|off` for the calling thread's namespace.
+fn tx_checksum_offload(dev: &str, on: bool) -> Result<()> {
+    const ETHTOOL_STXCSUM: u32 = 0x17;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_STXCSUM,
+        data: u32::from(on),
+    };
+    // SAFETY: a plain socket and a SIOCETHTOOL request whose ifreq points
+    // at `value`, which outlives the call.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (d, s) in ifr.ifr_name.iter_mut().zip(dev.bytes()) {
+            *d = s as libc::c_char;
+        }
+        ifr.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+        let ret = libc::ioctl(fd, libc::SIOCETHTOOL, &mut ifr);
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if ret != 0 {
+            bail!(
+                "ethtool -K {dev} tx {}: {err}",
+                if on { "on" } else { "off" }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs `f` with the calling thread inside namespace `ns`.
+pub fn in_netns<T>(ns: &str, f: impl FnOnce() -> T) -> Result<T, SetupError> {
+    let _guard = NetnsGuard::enter(ns)?;
+    Ok(f())
+}
+
+/// One lab run: what to build and what to send.
+#[derive(Clone, Debug)]
+pub struct LabSpec {
+    pub mode: Mode,
+    pub queues: u32,
+    pub flows: usize,
+    pub bytes_per_flow: u64,
+    pub ipv6: bool,
+    /// Hard bound on the upload.
+    pub timeout: std::time::Duration,
+    /// Per-flow sender pacing, bytes per second (None: unpaced).
+    pub pacing: Option<u64>,
+    /// Write every segment leaving the edge (and every table change) here,
+    /// as JSON lines.
+    pub truth_out: Option<std::path::PathBuf>,
+}
+
+/// The namespaces, the edge and (once started) the upload of one run.
+/// Dropping it stops the upload and removes everything.
+pub struct Lab {
+    // Field order is drop order: the upload and the edge before the
+    // namespaces they live in.
+    upload: Option<Upload>,
+    edge: Option<Edge>,
+    pub topo: Topology,
+    spec: LabSpec,
+}
+
+/// What the lab itself saw: the sockets, the edge, the kernels' counters.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LabOutcome {
+    pub flows: Vec<FlowResult>,
+    pub edge: EdgeReport,
+    /// The server's and the client's TcpExt counters (`nstat`).
+    pub receiver_counters: std::collections::BTreeMap<String, u64>,
+    pub sender_counters: std::collections::BTreeMap<String, u64>,
+}
+
+impl Lab {
+    /// Builds the topology and starts the edge in `spec.mode`.
+    pub fn create(spec: &LabSpec) -> Result<Self> {
+        let topo = Topology::create(&TopologyOptions {
+            queues: spec.queues,
+        })?;
+        let edge = Edge::start(&topo, spec.mode, spec.truth_out.as_deref())?;
+        Ok(Self {
+            upload: None,
+            edge: Some(edge),
+            topo,
+            spec: spec.clone(),
+        })
+    }
+
+    /// Starts the upload (attach the tracer first).
+    pub fn start_upload(&mut self) -> Result<()> {
+        self.upload = Some(Upload::start(
+            &self.topo,
+            &UploadSpec {
+                flows: self.spec.flows,
+                bytes_per_flow: self.spec.bytes_per_flow,
+                port: SERVER_PORT,
+                ipv6: self.spec.ipv6,
+                timeout: self.spec.timeout,
+                pacing: self.spec.pacing,
+            },
+        )?);
+        Ok(())
+    }
+
+    /// The upload is over (finished, failed or stopped).
+    pub fn finished(&self) -> bool {
+        self.upload.as_ref().is_none_or(Upload::finished)
+    }
+
+    /// Stops the upload and the edge and collects what they saw; the
+    /// namespaces go when `self` does.
+    pub fn finish(&mut self) -> Result<LabOutcome> {
+        let flows = match self.upload.take() {
+            Some(u) => {
+                u.stop();
+                u.join()?
+            }
+            None => Vec::new(),
+        };
+        let edge = self
+            .edge
+            .take()
+            .context("the lab's edge was already finished")?
+            .finish()?;
+        let receiver_counters = in_netns(&self.topo.server_ns, || {
+            truth::tcp_ext(truth::RECEIVER_COUNTERS)
+        })?;
+        let sender_counters = in_netns(&self.topo.client_ns, || {
+            truth::tcp_ext(truth::SENDER_COUNTERS)
+        })?;
+        Ok(LabOutcome {
+            flows,
+            edge,
+            receiver_counters,
+            sender_counters,
+        })
+    }
+}

@@ -1,0 +1,406 @@
+//! `tracer lab` against ground truth, as a user runs it (root; in CI).
+//!
+//! Oracles, and how exact each is:
+//! * The edge's record (`lab.edge`, `--truth`): every segment's ingress
+//!   order, queue and CPU, and the order segments left the edge, written in
+//!   the kernel at the steering point. Exact about what the edge did. The
+//!   server then receives from two CPUs, which can re-interleave segments
+//!   that left within microseconds of each other: such a late segment
+//!   reaches the server in order after all (and vice versa). So the tracer
+//!   is checked against it within a tolerance, and, segment by segment,
+//!   every late segment the tracer did not call reordered must have reached
+//!   the server in order (re-interleaved), not been misclassified.
+//! * Pattern mode's reorderer knows exactly which segments overtook each
+//!   held one, on one queue and one CPU: extent, byte offset and
+//!   n-reordering must equal it.
+//! * The receiver's `tcpi_rcv_ooopack` counts segments TCP queued above a
+//!   hole: the tracer's `above_hole` is the same definition at XDP, checked
+//!   within a tolerance (TCP's processing order can differ from XDP's across
+//!   CPUs).
+
+use std::{
+    collections::HashSet,
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer::{
+    engine::{order::Class, Engine, EngineConfig},
+    kernel, lab,
+    source::Observation,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_tracer");
+
+fn root_or_skip(test: &str) -> bool {
+    let root = tracer::require_root().is_ok();
+    if !root {
+        eprintln!("{test}: skipped: needs root");
+    }
+    root
+}
+
+/// Runs `tracer lab --json --quiet ARGS`; the report.
+fn lab_json(args: &[&str]) -> Value {
+    let out = Command::new(BIN)
+        .args(["lab", "--json", "--quiet"])
+        .args(args)
+        .output()
+        .expect("run tracer lab");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "tracer lab {args:?}: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("JSON ({e}): {stderr}"))
+}
+
+/// Nothing of a lab run is left: namespaces, programs.
+fn assert_clean() {
+    assert!(
+        lab::lab_namespaces().is_empty(),
+        "{:?}",
+        lab::lab_namespaces()
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !kernel::loaded_tracer_programs().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "programs left: {:?}",
+            kernel::loaded_tracer_programs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Per flow of a report: (tracer's flow, edge's flow truth, sockets).
+fn flows(r: &Value) -> Vec<(&Value, &Value, &Value)> {
+    let lab = &r["lab"];
+    lab["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|sockets| {
+            let src = sockets["flow"]["src"].as_str().unwrap();
+            let port: u64 = src.rsplit(':').next().unwrap().parse().unwrap();
+            let tracer = r["flows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["src"] == src)
+                .unwrap_or_else(|| panic!("{src} not traced"));
+            let truth = lab["edge"]["flows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["client_port"] == port)
+                .unwrap_or_else(|| panic!("{src} not in the edge's record"));
+            (tracer, truth, sockets)
+        })
+        .collect()
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// |a - b| <= share * b.
+fn within(a: u64, b: u64, share: f64) -> bool {
+    (a as f64 - b as f64).abs() <= share * b as f64
+}
+
+#[test]
+fn off_mode_reports_no_reordering() {
+    if !root_or_skip("off_mode_reports_no_reordering") {
+        return;
+    }
+    for run in 0..3 {
+        let r = lab_json(&["--mode", "off", "--flows", "2", "--bytes", "32M"]);
+        assert_eq!(u(&r["totals"]["reordered"]), 0, "run {run}");
+        assert_eq!(r["totals"]["verdicts"].get("nic-steering"), None);
+        for (f, truth, sockets) in flows(&r) {
+            assert_eq!(u(&truth["late"]), 0);
+            assert_eq!(u(&truth["queue_changes"]), 0);
+            assert_eq!(f["verdict"], "none");
+            assert_eq!(u(&sockets["received"]), 32 << 20);
+            // Segments above a hole (after a loss) match the receiver's
+            // own out-of-order count.
+            let (ah, ooo) = (u(&f["above_hole"]), u(&sockets["rcv_ooopack"]));
+            assert!(within(ah, ooo, 0.02), "above_hole {ah}, rcv_ooopack {ooo}");
+        }
+        assert_clean();
+    }
+}
+
+#[test]
+fn atr_reordering_is_found_and_attributed_at_three_intensities() {
+    if !root_or_skip("atr_reordering_is_found_and_attributed_at_three_intensities") {
+        return;
+    }
+    for (rate, ipv6) in [("20", false), ("50", false), ("200", false), ("50", true)] {
+        let mut args = vec![
+            "--mode", "atr", "--rate", rate, "--flows", "2", "--bytes", "64M",
+        ];
+        if ipv6 {
+            args.push("--ipv6");
+        }
+        let r = lab_json(&args);
+        for (f, truth, sockets) in flows(&r) {
+            let (found, late) = (u(&f["reordered"]), u(&truth["late"]));
+            let ambiguous = u(&f["ambiguous"]);
+            let (ah, ooo) = (u(&f["above_hole"]), u(&sockets["rcv_ooopack"]));
+            let a = &f["attribution"];
+            eprintln!(
+                "rate {rate} ipv6 {ipv6}: tracer {found} reordered + {ambiguous} ambiguous, edge {late} late ({:.1}%); steered {:.3}; queue migrations {} vs table-driven changes {}; above_hole {ah} vs rcv_ooopack {ooo}; sender retransmissions {}",
+                (found + ambiguous) as f64 * 100.0 / late.max(1) as f64,
+                a["steered_share"],
+                f["queue_migrations"],
+                truth["queue_changes"],
+                sockets["retransmits"],
+            );
+            assert_eq!(u(&sockets["received"]), 64 << 20);
+            assert!(late > 100, "the edge reordered little: {late}");
+            // IPv6 has no IP ID: a late segment sent in the same
+            // millisecond as the one that overtook it (same TSval and
+            // TSecr) is ambiguous. With IPv4 the IP ID decides.
+            if !ipv6 {
+                assert!(ambiguous <= late / 100, "{ambiguous} ambiguous");
+            }
+            // Measured: 88% to 101% (the shortfall is segments the
+            // server's two CPUs put back in order on the way in; see the
+            // segment-by-segment test).
+            let decided_or_not = found + ambiguous;
+            assert!(
+                decided_or_not <= late + late / 20 && decided_or_not >= late - late / 5,
+                "tracer {found} + {ambiguous} vs edge {late}"
+            );
+            assert!(a["steered_share"].as_f64().unwrap() >= 0.95);
+            assert_eq!(f["verdict"], "nic-steering", "{}", f["evidence"]);
+            // Counted on in-order segments at each end: a flip on the way
+            // in can show a short-lived path the edge's order hid.
+            let (qm, qc) = (u(&f["queue_migrations"]), u(&truth["queue_changes"]));
+            assert!(
+                qm.abs_diff(qc) <= 3.max(qc / 5),
+                "queue migrations {qm} vs {qc}"
+            );
+            assert!(within(ah, ooo, 0.10), "above_hole {ah}, rcv_ooopack {ooo}");
+        }
+        assert_clean();
+    }
+}
+
+/// Segment by segment: what the edge made late, the tracer calls
+/// reordered, or saw arrive in order at the server (re-interleaved on the
+/// way); it misclassifies (almost) none.
+#[test]
+fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
+    if !root_or_skip("every_segment_the_edge_made_late_is_reordered_or_arrived_in_order") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tracer-lab-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (obs, truth) = (dir.join("obs.jsonl"), dir.join("truth.jsonl"));
+    let r = lab_json(&[
+        "--mode",
+        "atr",
+        "--rate",
+        "50",
+        "--flows",
+        "1",
+        "--bytes",
+        "64M",
+        "--out",
+        obs.to_str().unwrap(),
+        "--truth",
+        truth.to_str().unwrap(),
+    ]);
+    assert_eq!(u(&r["totals"]["dropped_events"]), 0);
+    let late = edge_late_segments(&truth);
+    let mut classes = std::collections::BTreeMap::<String, u64>::new();
+    let mut seen = HashSet::new();
+    let mut engine = Engine::new(EngineConfig::default());
+    for line in BufReader::new(std::fs::File::open(&obs).unwrap()).lines() {
+        let o: Observation = serde_json::from_str(&line.unwrap()).unwrap();
+        if let (Some(c), Observation::Segment(s)) = (engine.observe_obs(&o), &o) {
+            // The first arrival of each late segment.
+            if late.contains(&s.seq) && seen.insert(s.seq) {
+                *classes.entry(format!("{:?}", c.class)).or_default() += 1;
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    eprintln!(
+        "{} late at the edge; at the server: {classes:?}",
+        late.len()
+    );
+    let count = |c: Class| classes.get(&format!("{c:?}")).copied().unwrap_or(0);
+    let total = late.len() as u64;
+    assert!(total > 100);
+    assert_eq!(classes.values().sum::<u64>(), total, "every one arrived");
+    assert!(count(Class::Reordered) + count(Class::InOrder) >= total - total / 200);
+    assert!(count(Class::InOrder) <= total / 5);
+    assert_clean();
+}
+
+/// Sequence numbers of the original segments the edge let go after a
+/// later-entered one of their flow, first copy out (a one-flow run): an
+/// independent reading of the `--truth` file.
+fn edge_late_segments(path: &Path) -> HashSet<u32> {
+    let mut newest = std::collections::HashMap::new();
+    let mut out_already = HashSet::new();
+    let mut late = HashSet::new();
+    for line in BufReader::new(std::fs::File::open(path).unwrap()).lines() {
+        let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if v["kind"] != "segment" {
+            continue;
+        }
+        let (port, seq) = (u(&v["client_port"]), u(&v["seq"]) as u32);
+        let first = out_already.insert((port, seq));
+        let Some(index) = v["index"].as_u64() else {
+            continue;
+        };
+        match newest.get(&port) {
+            Some(&n) if index < n => {
+                if first && v["retransmission"] == false {
+                    late.insert(seq);
+                }
+            }
+            _ => {
+                newest.insert(port, index);
+            }
+        }
+    }
+    late
+}
+
+#[test]
+fn pattern_mode_metrics_equal_the_pattern() {
+    if !root_or_skip("pattern_mode_metrics_equal_the_pattern") {
+        return;
+    }
+    for pattern in ["swap:40", "hold:40:300"] {
+        let r = lab_json(&[
+            "--mode",
+            "pattern",
+            "--pattern",
+            pattern,
+            "--flows",
+            "1",
+            "--bytes",
+            "16M",
+        ]);
+        let p = &r["lab"]["edge"]["pattern"];
+        let late: Vec<&Value> = p["held"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| {
+                u(&h["passed_segments"]) > 0
+                    && h["retransmission"] == false
+                    && h["superseded"] == false
+            })
+            .collect();
+        let extents: Vec<u64> = late.iter().map(|h| u(&h["passed_segments"])).collect();
+        let bytes: Vec<u64> = late.iter().map(|h| u(&h["passed_bytes"])).collect();
+        let t = &r["totals"];
+        let n = late.len() as u64;
+        eprintln!(
+            "{pattern}: {n} held and overtaken; tracer {} reordered, extent mean {} vs {:.3}, byte offset mean {} vs {:.1}",
+            t["reordered"],
+            t["extent"]["mean"],
+            extents.iter().sum::<u64>() as f64 / n.max(1) as f64,
+            t["byte_offset"]["mean"],
+            bytes.iter().sum::<u64>() as f64 / n.max(1) as f64,
+        );
+        assert!(n > 100, "{pattern}: only {n} held segments were overtaken");
+        assert!(within(u(&t["reordered"]), n, 0.01), "{pattern}");
+        assert_eq!(u(&t["extent"]["min"]), *extents.iter().min().unwrap());
+        assert_eq!(u(&t["extent"]["max"]), *extents.iter().max().unwrap());
+        let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
+        let close = |got: &Value, want: f64| (got.as_f64().unwrap() - want).abs() <= 0.01 * want;
+        assert!(
+            close(&t["extent"]["mean"], mean(&extents)),
+            "{pattern} extent"
+        );
+        assert!(
+            close(&t["byte_offset"]["mean"], mean(&bytes)),
+            "{pattern} bytes"
+        );
+        // RFC 4737 §5: late after n higher segments, for n = 1..8.
+        for (i, nr) in t["n_reordering"].as_array().unwrap().iter().enumerate() {
+            let want = extents.iter().filter(|&&e| e > i as u64).count() as u64;
+            assert!(within(u(&nr["count"]), want, 0.01), "{pattern} n={}", i + 1);
+        }
+        let a = &t["attribution"];
+        assert_eq!(u(&a["same_queue_same_cpu"]), u(&t["reordered"]));
+        assert_eq!(u(&t["queue_migrations"]), 0);
+        for (f, _, _) in flows(&r) {
+            assert_eq!(f["verdict"], "upstream", "{}", f["evidence"]);
+        }
+        assert_clean();
+    }
+}
+
+#[test]
+fn a_killed_lab_is_cleaned_by_the_next_run() {
+    if !root_or_skip("a_killed_lab_is_cleaned_by_the_next_run") {
+        return;
+    }
+    let mut child = Command::new(BIN)
+        .args(["lab", "--quiet", "--duration", "20", "--flows", "1"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    assert!(line.starts_with("lab:"), "{line}");
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap(); // SIGKILL: no destructor runs
+    child.wait().unwrap();
+    assert_eq!(
+        lab::lab_namespaces().len(),
+        3,
+        "the killed run's namespaces"
+    );
+
+    let out = Command::new(BIN)
+        .args([
+            "lab", "--quiet", "--mode", "off", "--flows", "1", "--bytes", "1M",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("removed leftovers of an earlier run"),
+        "{stderr}"
+    );
+    assert_clean();
+}
+
+#[test]
+fn sigint_mid_run_reports_and_removes_everything() {
+    if !root_or_skip("sigint_mid_run_reports_and_removes_everything") {
+        return;
+    }
+    let mut child = Command::new(BIN)
+        .args(["lab", "--quiet", "--duration", "20", "--flows", "1"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("(SIGINT)"), "{stdout}");
+    assert!(stdout.contains("lab: edge in mode atr"), "{stdout}");
+    assert_clean();
+}
