@@ -6,7 +6,7 @@ use anyhow::Result;
 use tracer::{
     engine::{Engine, EngineConfig},
     kernel::{Tracer, TracerOptions, XdpModeChoice},
-    lab::{self, FlowResult, Topology, Upload, UploadSpec},
+    lab::{self, FlowResult, Lab, LabSpec, Topology, Upload, UploadSpec},
     record::{self, Collect, Outcome, RecordOptions},
 };
 
@@ -27,14 +27,16 @@ pub enum Side {
     Client,
 }
 
-/// A lab topology with the tracer attached to one side.
+/// The lab's network with its edge forwarding plainly (`--mode off`), and
+/// the tracer attached to one side.
 pub fn traced_lab(
     queues: u32,
     side: Side,
     mode: XdpModeChoice,
     filter: &str,
-) -> Result<(Topology, Tracer)> {
-    let topo = Topology::create(&lab::TopologyOptions { queues })?;
+) -> Result<(Lab, Tracer)> {
+    let lab = Lab::create(&LabSpec::new(lab::Mode::Off, queues))?;
+    let topo = &lab.topo;
     let (iface, ns) = match side {
         Side::Server => (lab::SERVER_IF, &topo.server_ns),
         Side::Client => (lab::CLIENT_IF, &topo.client_ns),
@@ -44,7 +46,7 @@ pub fn traced_lab(
     opts.xdp_mode = mode;
     opts.filter = tracer::Filter::parse(filter)?;
     let tracer = Tracer::attach(&opts)?;
-    Ok((topo, tracer))
+    Ok((lab, tracer))
 }
 
 /// Runs an upload and records everything the tracer sees meanwhile, through

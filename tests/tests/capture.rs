@@ -18,7 +18,8 @@ use tracer_common::tcp_flags::SYN;
 const BYTES: u64 = 50 * 1024 * 1024;
 
 fn clean_upload_is_traced_exactly(ipv6: bool, mode: XdpModeChoice) {
-    let (topo, mut tracer) = traced_lab(4, Side::Server, mode, "").expect("lab and tracer");
+    let (lab, mut tracer) = traced_lab(4, Side::Server, mode, "").expect("lab and tracer");
+    let topo = &lab.topo;
     let expected = match mode {
         XdpModeChoice::Generic => AttachedMode::Generic,
         _ => AttachedMode::Native, // veth supports native XDP
@@ -32,7 +33,7 @@ fn clean_upload_is_traced_exactly(ipv6: bool, mode: XdpModeChoice) {
         timeout: Duration::from_secs(60),
         pacing: None,
     };
-    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, results, _) = record_upload(topo, &mut tracer, &spec).expect("upload");
     let flow = &results[0];
     assert_eq!(flow.received, BYTES, "the receiver got the whole upload");
 
@@ -137,7 +138,7 @@ fn clean_upload_is_traced_exactly(ipv6: bool, mode: XdpModeChoice) {
     // Tracing links free their program after an RCU grace period, so the
     // kernel may list it for a moment after the link is gone.
     assert_eq!(wait_for_unload(), vec![]);
-    drop(topo);
+    drop(lab);
     assert!(!lab::lab_namespaces().contains(&server_ns));
 }
 
@@ -190,9 +191,10 @@ fn filter_keeps_other_flows_out_of_the_ring() {
         pacing: None,
     };
     // Another port: nothing reaches the ring, everything is counted.
-    let (topo, mut tracer) =
+    let (lab, mut tracer) =
         traced_lab(2, Side::Server, XdpModeChoice::Auto, "port 5999").expect("lab and tracer");
-    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let topo = &lab.topo;
+    let (outcome, seen, results, _) = record_upload(topo, &mut tracer, &spec).expect("upload");
     assert!(results.iter().all(|r| r.received == 4 << 20));
     assert!(
         seen.0.is_empty(),
@@ -205,13 +207,14 @@ fn filter_keeps_other_flows_out_of_the_ring() {
     assert_eq!(c.get(XDP_EMITTED), 0);
     assert!(c.get(PROBE_FILTERED) > 0);
     assert_eq!(c.get(PROBE_EMITTED), 0);
-    drop((tracer, topo));
+    drop((tracer, lab));
 
     // The client's address and the port: both flows, both directions.
     let filter = format!("host {} and port 5201", lab::CLIENT_V4);
-    let (topo, mut tracer) =
+    let (lab, mut tracer) =
         traced_lab(2, Side::Server, XdpModeChoice::Auto, &filter).expect("lab and tracer");
-    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let topo = &lab.topo;
+    let (outcome, seen, results, _) = record_upload(topo, &mut tracer, &spec).expect("upload");
     assert_eq!(outcome.counters.get(XDP_FILTERED), 0);
     for r in &results {
         let payload: u64 = seen
@@ -229,12 +232,13 @@ fn filter_keeps_other_flows_out_of_the_ring() {
             r.received
         );
     }
-    drop((tracer, topo));
+    drop((tracer, lab));
 
     // An IPv6 prefix the IPv4 upload is not in.
-    let (topo, mut tracer) =
+    let (lab, mut tracer) =
         traced_lab(2, Side::Server, XdpModeChoice::Auto, "net fd77::/64").expect("lab and tracer");
-    let (outcome, seen, _, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let topo = &lab.topo;
+    let (outcome, seen, _, _) = record_upload(topo, &mut tracer, &spec).expect("upload");
     assert!(seen.0.is_empty());
     assert_eq!(
         outcome.counters.get(XDP_FILTERED),
@@ -245,9 +249,10 @@ fn filter_keeps_other_flows_out_of_the_ring() {
 /// One 16 MiB upload, traced on `side`, with every 150th data segment into
 /// the server dropped after the wire, before TCP (at INPUT): the server
 /// SACKs around each hole and the client retransmits.
-fn lossy_upload(queues: u32, side: Side) -> (Topology, tests::Recorded) {
-    let (topo, mut tracer) =
+fn lossy_upload(queues: u32, side: Side) -> (lab::Lab, tests::Recorded) {
+    let (lab, mut tracer) =
         traced_lab(queues, side, XdpModeChoice::Auto, "").expect("lab and tracer");
+    let topo = &lab.topo;
     drop_every_nth_data_segment(&topo.server_ns, 150);
     let spec = UploadSpec {
         flows: 1,
@@ -257,8 +262,8 @@ fn lossy_upload(queues: u32, side: Side) -> (Topology, tests::Recorded) {
         timeout: Duration::from_secs(60),
         pacing: None,
     };
-    let recorded = record_upload(&topo, &mut tracer, &spec).expect("upload");
-    (topo, recorded)
+    let recorded = record_upload(topo, &mut tracer, &spec).expect("upload");
+    (lab, recorded)
 }
 
 /// The sender's side: forced drops make the client retransmit; the
@@ -270,7 +275,7 @@ fn local_retransmissions_match_the_senders_own_count() {
     if !root_or_skip("local_retransmissions_match_the_senders_own_count") {
         return;
     }
-    let (_topo, (outcome, seen, results, _)) = lossy_upload(2, Side::Client);
+    let (_lab, (outcome, seen, results, _)) = lossy_upload(2, Side::Client);
     let flow = &results[0];
     assert_eq!(flow.received, 16 << 20);
     assert_eq!(outcome.counters.dropped(), 0);
@@ -336,8 +341,9 @@ fn tcp_probe_under_load_is_accounted_exactly() {
         return;
     }
     use tracer_common::counter::*;
-    let (topo, mut tracer) =
+    let (lab, mut tracer) =
         traced_lab(4, Side::Server, XdpModeChoice::Auto, "").expect("lab and tracer");
+    let topo = &lab.topo;
     let spec = UploadSpec {
         flows: 4,
         bytes_per_flow: 256 << 20,
@@ -346,7 +352,7 @@ fn tcp_probe_under_load_is_accounted_exactly() {
         timeout: Duration::from_secs(60),
         pacing: None,
     };
-    let (outcome, seen, results, _) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, seen, results, _) = record_upload(topo, &mut tracer, &spec).expect("upload");
     let c = outcome.counters;
     let probes = seen
         .0
@@ -423,8 +429,9 @@ fn clean_single_queue_upload_reports_no_reordering() {
     if !root_or_skip("clean_single_queue_upload_reports_no_reordering") {
         return;
     }
-    let (topo, mut tracer) =
+    let (lab, mut tracer) =
         traced_lab(1, Side::Server, XdpModeChoice::Auto, "").expect("lab and tracer");
+    let topo = &lab.topo;
     let spec = UploadSpec {
         flows: 2,
         bytes_per_flow: 32 << 20,
@@ -433,7 +440,7 @@ fn clean_single_queue_upload_reports_no_reordering() {
         timeout: Duration::from_secs(60),
         pacing: None,
     };
-    let (outcome, _, results, engine) = record_upload(&topo, &mut tracer, &spec).expect("upload");
+    let (outcome, _, results, engine) = record_upload(topo, &mut tracer, &spec).expect("upload");
     assert_eq!(outcome.counters.ring_full(), 0);
     let snapshot = engine.snapshot();
     for r in &results {
@@ -471,13 +478,13 @@ fn retransmitted_segments_are_duplicates_at_the_receiver_not_reordering() {
     if !root_or_skip("retransmitted_segments_are_duplicates_at_the_receiver_not_reordering") {
         return;
     }
-    let (topo, (outcome, _, results, engine)) = lossy_upload(1, Side::Server);
+    let (lab, (outcome, _, results, engine)) = lossy_upload(1, Side::Server);
     assert_eq!(outcome.counters.dropped(), 0);
     let r = &results[0];
     assert_eq!(r.received, 16 << 20);
     assert!(r.retransmits > 0, "the drop rule forced no retransmission");
-    let dropped = tests::dropped_by_rule(&topo.server_ns);
-    let veth_dropped = tests::veth_drops(&topo);
+    let dropped = tests::dropped_by_rule(&lab.topo.server_ns);
+    let veth_dropped = tests::veth_drops(&lab.topo);
     let snapshot = engine.snapshot();
     let f = snapshot
         .flows

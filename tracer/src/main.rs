@@ -149,7 +149,7 @@ struct LabArgs {
     #[arg(long, default_value_t = 4)]
     flows: usize,
     /// Bytes per connection (suffixes k, M, G).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(long, default_value = "128M", value_parser = parse_size)]
     bytes: u64,
     /// Upper bound on the transfer, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 8.0)]
@@ -456,15 +456,22 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     drop(tracer);
     drop(lab);
     let outcome = outcome?;
-    let lab_outcome = lab_outcome?;
-    let value = serde_json::to_value(&lab_outcome).expect("lab outcome serialises");
+    // What was traced is reported even when the lab's own bookkeeping
+    // failed; the failure then follows it (exit 1).
+    let value = lab_outcome.as_ref().ok().map(|l| {
+        (
+            "lab",
+            serde_json::to_value(l).expect("lab outcome serialises"),
+        )
+    });
     print_report(
         &engine,
         &outcome,
         &header(&opts, &outcome),
         args.trace.json,
-        Some(("lab", value)),
+        value,
     );
+    let lab_outcome = lab_outcome?;
     if !args.trace.json {
         print!("{}", report::lab(&engine.snapshot(), &lab_outcome));
     }

@@ -11,7 +11,7 @@ use std::{
 
 use tracer::{
     kernel,
-    lab::{self, Topology, TopologyOptions, Upload, UploadSpec},
+    lab::{self, Lab, LabSpec, Topology, Upload, UploadSpec},
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tracer");
@@ -188,7 +188,8 @@ fn record_writes_json_lines_and_ends_on_its_duration() {
     if !root_or_skip("record_writes_json_lines_and_ends_on_its_duration") {
         return;
     }
-    let topo = Topology::create(&TopologyOptions::default()).unwrap();
+    let net = Lab::create(&LabSpec::new(lab::Mode::Off, 4)).unwrap();
+    let topo = &net.topo;
     let dir = std::env::temp_dir().join(format!("tracer-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("trace.jsonl");
@@ -202,7 +203,7 @@ fn record_writes_json_lines_and_ends_on_its_duration() {
             path.to_str().unwrap(),
         ],
     );
-    let up = upload(&topo, 8 << 20);
+    let up = upload(topo, 8 << 20);
     let out = child.wait_with_output().unwrap();
     let result = up.join().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -237,16 +238,17 @@ fn sigint_ends_with_a_summary_and_sigkill_leaves_nothing_attached() {
     if !root_or_skip("sigint_ends_with_a_summary_and_sigkill_leaves_nothing_attached") {
         return;
     }
-    let topo = Topology::create(&TopologyOptions::default()).unwrap();
+    let net = Lab::create(&LabSpec::new(lab::Mode::Off, 4)).unwrap();
+    let topo = &net.topo;
     let xdp_attached = || {
         lab::ip(&["-n", &topo.server_ns, "-d", "link", "show", lab::SERVER_IF])
             .unwrap()
             .contains("prog/xdp")
     };
 
-    let (child, _stderr) = start_record(&topo, &[]);
+    let (child, _stderr) = start_record(topo, &[]);
     assert!(xdp_attached());
-    let up = upload(&topo, 4 << 20);
+    let up = upload(topo, 4 << 20);
     up.join().unwrap();
     // SAFETY: plain kill(2) on our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
@@ -258,7 +260,7 @@ fn sigint_ends_with_a_summary_and_sigkill_leaves_nothing_attached() {
     assert!(!xdp_attached());
     assert!(nothing_loaded());
 
-    let (mut child, _stderr) = start_record(&topo, &[]);
+    let (mut child, _stderr) = start_record(topo, &[]);
     assert!(xdp_attached());
     child.kill().unwrap(); // SIGKILL: no destructor runs
     child.wait().unwrap();

@@ -62,13 +62,14 @@ fn assert_clean() {
         "{:?}",
         lab::lab_namespaces()
     );
+    let ours = || {
+        let mut v = kernel::loaded_tracer_programs();
+        v.extend(kernel::loaded_programs(&lab::EDGE_PROGRAM_NAMES));
+        v
+    };
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !kernel::loaded_tracer_programs().is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "programs left: {:?}",
-            kernel::loaded_tracer_programs()
-        );
+    while !ours().is_empty() {
+        assert!(Instant::now() < deadline, "programs left: {:?}", ours());
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -347,7 +348,16 @@ fn a_killed_lab_is_cleaned_by_the_next_run() {
         return;
     }
     let mut child = Command::new(BIN)
-        .args(["lab", "--quiet", "--duration", "20", "--flows", "1"])
+        .args([
+            "lab",
+            "--quiet",
+            "--duration",
+            "20",
+            "--flows",
+            "1",
+            "--bytes",
+            "1G",
+        ])
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -386,7 +396,16 @@ fn sigint_mid_run_reports_and_removes_everything() {
         return;
     }
     let mut child = Command::new(BIN)
-        .args(["lab", "--quiet", "--duration", "20", "--flows", "1"])
+        .args([
+            "lab",
+            "--quiet",
+            "--duration",
+            "20",
+            "--flows",
+            "1",
+            "--bytes",
+            "1G",
+        ])
         .stderr(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

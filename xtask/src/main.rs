@@ -1,5 +1,5 @@
-//! `cargo xtask setup | build-and-run | test | bench`: the project's own
-//! tasks.
+//! `cargo xtask setup | build-and-run | lab | test | bench`: the project's
+//! own tasks.
 
 use std::{
     path::{Path, PathBuf},
@@ -21,8 +21,14 @@ enum Task {
     /// Check and install what building and testing need (idempotent).
     Setup,
     /// Set up if needed, build in release mode, and run `tracer ARGS` as root
-    /// (no ARGS: `tracer lab`, a traced upload between two namespaces).
+    /// (no ARGS: `tracer lab`, the flow-steering demo).
     BuildAndRun {
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// `build-and-run` of `tracer lab ARGS`: the flow-steering lab (default:
+    /// ATR emulation); e.g. `cargo xtask lab -- --mode pattern`.
+    Lab {
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -42,8 +48,8 @@ enum Task {
 const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// Debian packages the tracer and its tests call: `ip`/`ss`/`nstat`,
 /// `bpftool` (an independent BTF reader in a unit test), `runuser` (the
-/// not-root test), `iptables` (drops that force retransmissions) and
-/// `ethtool`.
+/// not-root test), `iptables` (drops that force retransmissions; the lab's
+/// NFQUEUE rule in pattern mode) and `ethtool`.
 const APT_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux", "iptables", "ethtool"];
 
 fn main() -> ExitCode {
@@ -60,6 +66,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Task::Setup => setup().map(|()| ExitCode::SUCCESS),
         Task::BuildAndRun { args } => build_and_run(args),
+        Task::Lab { args } => {
+            build_and_run(std::iter::once("lab".to_string()).chain(args).collect())
+        }
         Task::Test { args } => test(&args),
         Task::Bench => bench(),
     }

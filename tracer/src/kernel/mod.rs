@@ -341,7 +341,7 @@ fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: 
 }
 
 /// Program names of ours, as the kernel stores them (15 characters at most).
-pub const PROGRAM_NAMES: [&str; 9] = [
+pub const PROGRAM_NAMES: [&str; 7] = [
     "tag_rx",
     "tcp_probe0",
     "tcp_probe1",
@@ -349,9 +349,6 @@ pub const PROGRAM_NAMES: [&str; 9] = [
     "tcp_rtx0",
     "tcp_rtx1",
     "tcp_rtx2",
-    // The lab's edge.
-    "edge_steer",
-    "edge_egress",
 ];
 
 /// Copies of each tracepoint program (see tracer-ebpf's `RUNNING`).
@@ -360,12 +357,17 @@ const TRACEPOINT_COPIES: usize = 3;
 /// IDs and names of programs with our names loaded in the kernel right now
 /// (ours, or another tracer's).
 pub fn loaded_tracer_programs() -> Vec<(u32, String)> {
+    loaded_programs(&PROGRAM_NAMES)
+}
+
+/// Loaded programs (id, name) whose name is one of `names`.
+pub fn loaded_programs(names: &[&str]) -> Vec<(u32, String)> {
     let mut found = Vec::new();
     // An entry can fail when its program is freed between listing its id
     // and opening it (programs come and go); such a program is gone anyway.
     for info in aya::programs::loaded_programs().filter_map(Result::ok) {
         if let Some(name) = info.name_as_str() {
-            if PROGRAM_NAMES.contains(&name) {
+            if names.contains(&name) {
                 found.push((info.id(), name.to_string()));
             }
         }

@@ -54,6 +54,8 @@ pub const CLIENT_V6: &str = "fd77:1::1";
 pub const EDGE_CLIENT_V6: &str = "fd77:1::2";
 pub const EDGE_SERVER_V6: &str = "fd77:2::1";
 pub const SERVER_V6: &str = "fd77:2::2";
+/// The edge's programs, as the kernel names them.
+pub const EDGE_PROGRAM_NAMES: [&str; 2] = ["edge_steer", "edge_egress"];
 /// The port the lab's server listens on.
 pub const SERVER_PORT: u16 = 5201;
 
@@ -115,7 +117,10 @@ impl Default for TopologyOptions {
     }
 }
 
-/// Client, edge and server namespaces, routed through the edge.
+/// Client, edge and server namespaces, routed through the edge. On its
+/// own (no [`Edge`]) the edge's `veth-ec` delivers through per-CPU backlogs
+/// and reorders whenever the sending thread moves between CPUs: use a
+/// [`Lab`] for a controlled path.
 pub struct Topology {
     pub client_ns: String,
     pub edge_ns: String,
@@ -319,6 +324,23 @@ pub struct LabSpec {
     /// Write every segment leaving the edge (and every table change) here,
     /// as JSON lines.
     pub truth_out: Option<std::path::PathBuf>,
+}
+
+impl LabSpec {
+    /// The network of `mode` with `queues` server RX queues, and a small
+    /// default upload (callers that run their own uploads ignore it).
+    pub fn new(mode: Mode, queues: u32) -> Self {
+        Self {
+            mode,
+            queues,
+            flows: 1,
+            bytes_per_flow: 1 << 20,
+            ipv6: false,
+            timeout: std::time::Duration::from_secs(30),
+            pacing: None,
+            truth_out: None,
+        }
+    }
 }
 
 /// The namespaces, the edge and (once started) the upload of one run.
