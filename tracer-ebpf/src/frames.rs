@@ -66,12 +66,7 @@ impl Frame for XdpFrame {
 
     #[inline(always)]
     fn copy_options(&self, offset: usize, len: usize, buf: &mut OptionBytes) -> Option<()> {
-        if offset > MAX_HEADER_OFFSET || len == 0 || len > MAX_TCP_OPTION_BYTES {
-            return None;
-        }
-        // The same value for the valid 1..=40, in a form that bounds it
-        // to 1..=64 (the buffer) for the verifier too (see `opaque`).
-        let len = (self.opaque(len - 1) & 63) + 1;
+        let len = option_len(offset, len)?;
         // SAFETY: `buf` has room for 64 bytes; the helper checks the
         // packet side itself (and also reads fragments).
         let ret = unsafe {
@@ -81,11 +76,27 @@ impl Frame for XdpFrame {
     }
 
     #[inline(always)]
-    fn opaque(&self, mut i: usize) -> usize {
-        // SAFETY: a register move onto itself.
-        unsafe { core::arch::asm!("{0} = {0}", inout(reg) i) };
-        i
+    fn opaque(&self, i: usize) -> usize {
+        opaque(i)
     }
+}
+
+/// The option length to copy, for the valid 1..=40 the same value, in a
+/// form that bounds it to 1..=64 (the buffer) for the verifier too (see
+/// [`Frame::opaque`]); None when the request cannot be header bytes.
+#[inline(always)]
+fn option_len(offset: usize, len: usize) -> Option<usize> {
+    if offset > MAX_HEADER_OFFSET || len == 0 || len > MAX_TCP_OPTION_BYTES {
+        return None;
+    }
+    Some((opaque(len - 1) & 63) + 1)
+}
+
+#[inline(always)]
+fn opaque(mut i: usize) -> usize {
+    // SAFETY: a register move onto itself.
+    unsafe { core::arch::asm!("{0} = {0}", inout(reg) i) };
+    i
 }
 
 /// A socket buffer (tc programs) as a [`Frame`]: every read goes through
@@ -103,10 +114,7 @@ impl Frame for SkbFrame<'_> {
 
     #[inline(always)]
     fn copy_options(&self, offset: usize, len: usize, buf: &mut OptionBytes) -> Option<()> {
-        if offset > MAX_HEADER_OFFSET || len == 0 || len > MAX_TCP_OPTION_BYTES {
-            return None;
-        }
-        let len = (self.opaque(len - 1) & 63) + 1;
+        let len = option_len(offset, len)?;
         // SAFETY: `buf` has room for 64 bytes; the helper checks the
         // packet side.
         let ret = unsafe {
@@ -121,9 +129,7 @@ impl Frame for SkbFrame<'_> {
     }
 
     #[inline(always)]
-    fn opaque(&self, mut i: usize) -> usize {
-        // SAFETY: a register move onto itself.
-        unsafe { core::arch::asm!("{0} = {0}", inout(reg) i) };
-        i
+    fn opaque(&self, i: usize) -> usize {
+        opaque(i)
     }
 }

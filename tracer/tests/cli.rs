@@ -14,15 +14,8 @@ use tracer::{
     lab::{self, Lab, LabSpec, Topology, Upload, UploadSpec},
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_tracer");
-
-fn root_or_skip(test: &str) -> bool {
-    let root = tracer::require_root().is_ok();
-    if !root {
-        eprintln!("{test}: skipped: needs root");
-    }
-    root
-}
+mod common;
+use common::{root_or_skip, BIN};
 
 fn run(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().expect("run tracer")

@@ -33,15 +33,8 @@ use tracer::{
     source::Observation,
 };
 
-const BIN: &str = env!("CARGO_BIN_EXE_tracer");
-
-fn root_or_skip(test: &str) -> bool {
-    let root = tracer::require_root().is_ok();
-    if !root {
-        eprintln!("{test}: skipped: needs root");
-    }
-    root
-}
+mod common;
+use common::{root_or_skip, BIN};
 
 /// Runs `tracer lab --json --quiet ARGS`; the report.
 fn lab_json(args: &[&str]) -> Value {
@@ -342,11 +335,10 @@ fn pattern_mode_metrics_equal_the_pattern() {
     }
 }
 
-#[test]
-fn a_killed_lab_is_cleaned_by_the_next_run() {
-    if !root_or_skip("a_killed_lab_is_cleaned_by_the_next_run") {
-        return;
-    }
+/// Starts a lab run that would take many seconds and waits until it is
+/// running (its first line on stderr). Keep the returned stderr open: the
+/// run may still write to it.
+fn start_long_lab(stdout: Stdio) -> (std::process::Child, impl BufRead) {
     let mut child = Command::new(BIN)
         .args([
             "lab",
@@ -359,13 +351,22 @@ fn a_killed_lab_is_cleaned_by_the_next_run() {
             "1G",
         ])
         .stderr(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .spawn()
         .unwrap();
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let mut line = String::new();
     stderr.read_line(&mut line).unwrap();
     assert!(line.starts_with("lab:"), "{line}");
+    (child, stderr)
+}
+
+#[test]
+fn a_killed_lab_is_cleaned_by_the_next_run() {
+    if !root_or_skip("a_killed_lab_is_cleaned_by_the_next_run") {
+        return;
+    }
+    let (mut child, _stderr) = start_long_lab(Stdio::null());
     std::thread::sleep(Duration::from_millis(500));
     child.kill().unwrap(); // SIGKILL: no destructor runs
     child.wait().unwrap();
@@ -395,24 +396,7 @@ fn sigint_mid_run_reports_and_removes_everything() {
     if !root_or_skip("sigint_mid_run_reports_and_removes_everything") {
         return;
     }
-    let mut child = Command::new(BIN)
-        .args([
-            "lab",
-            "--quiet",
-            "--duration",
-            "20",
-            "--flows",
-            "1",
-            "--bytes",
-            "1G",
-        ])
-        .stderr(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
+    let (child, _stderr) = start_long_lab(Stdio::piped());
     std::thread::sleep(Duration::from_millis(800));
     // SAFETY: plain kill(2) on our child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
