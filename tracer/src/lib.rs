@@ -13,6 +13,7 @@ pub mod jsonl;
 pub mod kernel;
 pub mod lab;
 pub mod record;
+pub mod replay;
 pub mod report;
 pub mod snapshot;
 pub mod source;

@@ -65,6 +65,28 @@ struct TraceArgs {
     /// RFC 5236 buffer threshold BT (buffer-occupancy density RBD), segments.
     #[arg(long, default_value_t = 64)]
     bt: u32,
+    /// Add the sender-policy replay to the text report (experimental; the
+    /// JSON report always has it under `replay`).
+    #[arg(long)]
+    replay: bool,
+    /// Replay: the senders' round-trip time in µs (default: the sender's
+    /// socket in the lab, else the handshake seen in the trace).
+    #[arg(long, value_name = "US")]
+    rtt: Option<f64>,
+    /// Replay: RACK's min_RTT in µs (default: as --rtt).
+    #[arg(long, value_name = "US")]
+    min_rtt: Option<f64>,
+    /// Replay: the bottleneck in Mbit/s (default: the flow's peak rate
+    /// over 10 ms).
+    #[arg(long, value_name = "MBIT")]
+    bandwidth: Option<f64>,
+    /// Replay: the duplicate-ACK threshold of the classic and RACK-TLP
+    /// senders, and the adaptive one's start.
+    #[arg(long, value_name = "N")]
+    dupthresh: Option<u32>,
+    /// Replay: RACK-TLP's initial reordering-window multiplier (RFC 8985: 1).
+    #[arg(long, value_name = "N")]
+    reo_wnd_mult: Option<u32>,
 }
 
 impl TraceArgs {
@@ -82,10 +104,31 @@ impl TraceArgs {
                 )));
             }
         }
+        let positive = |flag: &str, v: Option<f64>, max: f64| match v {
+            Some(x) if !(x > 0.0 && x <= max) => Err(SetupError::BadArgument(format!(
+                "{flag} {x}: give a number above 0, at most {max}"
+            ))),
+            _ => Ok(v),
+        };
+        let whole = |flag: &str, v: Option<u32>| match v {
+            Some(0) | Some(256..) => Err(SetupError::BadArgument(format!(
+                "{flag} {}: give 1 to 255",
+                v.unwrap()
+            ))),
+            _ => Ok(v),
+        };
+        let replay = tracer::replay::ReplayConfig {
+            rtt_us: positive("--rtt", self.rtt, 60e6)?,
+            min_rtt_us: positive("--min-rtt", self.min_rtt, 60e6)?,
+            bandwidth_bps: positive("--bandwidth", self.bandwidth, 1e7)?.map(|m| m * 1e6),
+            dupthresh: whole("--dupthresh", self.dupthresh)?,
+            reo_wnd_mult: whole("--reo-wnd-mult", self.reo_wnd_mult)?,
+        };
         Ok(Engine::new(EngineConfig {
             max_flows: self.max_flows,
             dt: self.dt,
             bt: self.bt,
+            replay,
             ..EngineConfig::default()
         }))
     }
@@ -119,6 +162,14 @@ enum LabModeArg {
     Off,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum SenderArg {
+    /// This kernel's defaults (RACK-TLP).
+    Linux,
+    /// tcp_recovery=0, tcp_max_reordering=3, tcp_early_retrans=0.
+    Classic,
+}
+
 #[derive(Args)]
 struct LabArgs {
     /// What the edge between client and server does.
@@ -136,6 +187,10 @@ struct LabArgs {
     /// hold:N:US (every Nth is held US microseconds).
     #[arg(long, default_value = "swap:50", value_parser = |s: &str| s.parse::<lab::Pattern>())]
     pattern: lab::Pattern,
+    /// The senders' loss detection: this kernel's (RACK-TLP) or a fixed
+    /// three-duplicate-ACK sender.
+    #[arg(long, value_enum, default_value_t = SenderArg::Linux)]
+    sender: SenderArg,
     /// Pace each sender to at most MBIT Mbit/s (0: unpaced). Default:
     /// 200 in pattern mode, whose userspace reorderer keeps exact order only
     /// at moderate rates; unpaced otherwise.
@@ -262,7 +317,7 @@ fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
         &engine,
         &outcome,
         &header(&opts, &outcome),
-        args.trace.json,
+        &args.trace,
         None,
     );
     finish(&outcome, out.as_ref(), args.trace.json)
@@ -294,9 +349,10 @@ fn print_report(
     engine: &Engine,
     outcome: &Outcome,
     header: &str,
-    json: bool,
+    trace: &TraceArgs,
     extra: Option<(&str, serde_json::Value)>,
 ) {
+    let (json, show_replay) = (trace.json, trace.replay);
     let snapshot = engine.snapshot().with_kernel(&outcome.counters);
     if json {
         let mut v = serde_json::to_value(&snapshot).expect("snapshot serialises");
@@ -307,7 +363,15 @@ fn print_report(
     } else {
         print!(
             "{}",
-            report::text(&snapshot, &outcome.counters, outcome.elapsed, header)
+            report::text(
+                &snapshot,
+                &outcome.counters,
+                outcome.elapsed,
+                header,
+                report::TextOptions {
+                    replay: show_replay
+                },
+            )
         );
     }
 }
@@ -414,6 +478,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let mut out = open_outputs(&args.trace)?;
     let mut lab = lab::Lab::create(&lab::LabSpec {
         mode,
+        sender: match args.sender {
+            SenderArg::Linux => lab::Sender::Linux,
+            SenderArg::Classic => lab::Sender::Classic,
+        },
         queues: args.queues,
         flows: args.flows,
         bytes_per_flow: args.bytes,
@@ -456,6 +524,16 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     drop(tracer);
     drop(lab);
     let outcome = outcome?;
+    if let Ok(l) = &lab_outcome {
+        // The senders are this host's sockets: the replay uses their RTTs.
+        for r in &l.flows {
+            engine.set_sender_rtt(
+                &r.flow,
+                u64::from(r.srtt_us) * 1000,
+                u64::from(r.min_rtt_us) * 1000,
+            );
+        }
+    }
     // What was traced is reported even when the lab's own bookkeeping
     // failed; the failure then follows it (exit 1).
     let value = lab_outcome.as_ref().ok().map(|l| {
@@ -468,12 +546,15 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         &engine,
         &outcome,
         &header(&opts, &outcome),
-        args.trace.json,
+        &args.trace,
         value,
     );
     let lab_outcome = lab_outcome?;
     if !args.trace.json {
-        print!("{}", report::lab(&engine.snapshot(), &lab_outcome));
+        let opts = report::TextOptions {
+            replay: args.trace.replay,
+        };
+        print!("{}", report::lab(&engine.snapshot(), &lab_outcome, opts));
     }
     finish(&outcome, out.as_ref(), args.trace.json)
 }

@@ -8,6 +8,7 @@ use crate::{
     engine::{verdict::Verdict, Live},
     kernel::Counters,
     lab::LabOutcome,
+    replay::{Replay, Source},
     snapshot::{Distribution, FlowReport, Snapshot},
 };
 use tracer_common::counter;
@@ -47,7 +48,20 @@ pub fn json(snapshot: &Snapshot) -> String {
 const WORST_FLOWS: usize = 10;
 
 /// The final text report: totals, kernel counters, the worst flows.
-pub fn text(s: &Snapshot, counters: &Counters, elapsed: Duration, header: &str) -> String {
+/// What the text report includes beyond the essentials.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextOptions {
+    /// The sender-policy replay (experimental: see the README).
+    pub replay: bool,
+}
+
+pub fn text(
+    s: &Snapshot,
+    counters: &Counters,
+    elapsed: Duration,
+    header: &str,
+    opts: TextOptions,
+) -> String {
     let mut out = String::new();
     let t = &s.totals;
     let r = &t.reordering;
@@ -112,6 +126,13 @@ pub fn text(s: &Snapshot, counters: &Counters, elapsed: Duration, header: &str) 
         "  tcp layer  {} tcp_probe events ({} late, {} duplicates), {} local retransmissions",
         t.tcp_layer.events, t.tcp_layer.late, t.tcp_layer.duplicates, t.local_retransmit_events
     );
+    if opts.replay && !s.totals.replay.policies.is_empty() {
+        let _ = writeln!(
+            out,
+            "  replay     all flows (each replayed on its own path):"
+        );
+        replay_lines(&mut out, &s.totals.replay, "  ");
+    }
     kernel_lines(&mut out, counters);
     let shown: Vec<_> = s
         .flows
@@ -123,7 +144,7 @@ pub fn text(s: &Snapshot, counters: &Counters, elapsed: Duration, header: &str) 
         let _ = writeln!(out, "  flows, most reordered first:");
     }
     for f in &shown {
-        flow_lines(&mut out, f);
+        flow_lines(&mut out, f, opts);
     }
     let rest = s.flows.iter().filter(|f| f.data_segments > 0).count() - shown.len();
     if rest > 0 {
@@ -134,7 +155,7 @@ pub fn text(s: &Snapshot, counters: &Counters, elapsed: Duration, header: &str) 
 
 /// The lab's own view next to the tracer's, flow by flow: what the sockets
 /// and kernels counted and what the edge did (ground truth).
-pub fn lab(s: &Snapshot, lab: &LabOutcome) -> String {
+pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
     let mut out = String::new();
     let e = &lab.edge;
     let cpus: Vec<_> = e
@@ -185,6 +206,20 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome) -> String {
                 f.queue_migrations,
                 f.above_hole
             );
+            if let Some(r) = f.replay.as_ref().filter(|_| opts.replay) {
+                let predicted: Vec<_> = r
+                    .policies
+                    .iter()
+                    .map(|p| format!("{} {}", p.name, p.spurious_retransmissions))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "    replay   predicted spurious retransmissions: {}; the {:?} sender's DSACKed: {}",
+                    predicted.join(", "),
+                    lab.sender,
+                    r_dsack(&lab.flows, &src)
+                );
+            }
         }
     }
     if let Some(p) = &e.pattern {
@@ -213,7 +248,14 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome) -> String {
     out
 }
 
-fn flow_lines(out: &mut String, f: &FlowReport) {
+fn r_dsack(flows: &[crate::lab::FlowResult], src: &str) -> u32 {
+    flows
+        .iter()
+        .find(|r| r.flow.src.to_string() == src)
+        .map_or(0, |r| r.dsack_dups)
+}
+
+fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions) {
     let _ = writeln!(
         out,
         "    {}  {}: {} of {} segments reordered ({}), {} retransmitted, {:.1} MB{}, rx queues {}, cpus {}",
@@ -231,6 +273,54 @@ fn flow_lines(out: &mut String, f: &FlowReport) {
     if f.reordered > 0 {
         let _ = writeln!(out, "      {}", lateness(f));
         let _ = writeln!(out, "      {}", f.evidence);
+    }
+    if let Some(r) = f.replay.as_ref().filter(|_| opts.replay) {
+        replay_lines(out, r, "      ");
+    }
+}
+
+/// "what a sender would have done": one line per policy, then the ratio.
+fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
+    let _ = writeln!(
+        out,
+        "{indent}(replay is experimental: its RACK-TLP model over-predicts Linux's spurious retransmissions 2-13x in the lab; see the README)"
+    );
+    if let Some(a) = &r.assumptions {
+        let from = |s: Source| match s {
+            Source::Given => "given",
+            Source::Sender => "the sender's socket",
+            Source::Trace => "from the trace",
+            Source::Default => "assumed",
+        };
+        let _ = writeln!(
+            out,
+            "{indent}replay     RTT {:.0} µs ({}), min_RTT {:.0} µs, bottleneck {:.0} Mbit/s ({}), MSS {}, {:.2} s",
+            a.rtt_us,
+            from(a.rtt_from),
+            a.min_rtt_us,
+            a.bottleneck_bps / 1e6,
+            from(a.bottleneck_from),
+            a.mss_bytes,
+            a.duration_s
+        );
+    }
+    for p in &r.policies {
+        let _ = writeln!(
+            out,
+            "{indent}  {:<15} {:>7} spurious retransmissions, {:>5} recoveries ({} spurious), {} loss probes -> {:.0} Mbit/s (Reno {:.0}, response functions: Mathis {:.0}, CUBIC {:.0})",
+            p.name,
+            p.spurious_retransmissions,
+            p.recovery_episodes,
+            p.spurious_recovery_episodes,
+            p.loss_probes,
+            p.estimated_goodput_bps / 1e6,
+            p.reno_goodput_bps / 1e6,
+            p.mathis_bps / 1e6,
+            p.cubic_response_bps / 1e6,
+        );
+    }
+    if let Some(x) = r.rack_vs_classic {
+        let _ = writeln!(out, "{indent}  RACK-TLP vs classic: {x:.2}x the goodput");
     }
 }
 
@@ -386,6 +476,7 @@ mod tests {
             &Counters::default(),
             Duration::from_secs(1),
             "hdr",
+            TextOptions::default(),
         );
         assert!(
             text.contains("1 reordered (16.7%)") || text.contains("1 reordered (17%)"),
@@ -443,7 +534,13 @@ mod tests {
         c.probe_first_copy_misses = 4;
         c.map[counter::PROBE_SEEN as usize] = 8;
         let e = engine_with(&[(0, 0)]);
-        let text = text(&e.snapshot(), &c, Duration::from_secs(1), "x");
+        let text = text(
+            &e.snapshot(),
+            &c,
+            Duration::from_secs(1),
+            "x",
+            TextOptions::default(),
+        );
         assert!(
             text.contains("DROPPED    7 events lost: the ring buffer was full"),
             "{text}"

@@ -13,6 +13,7 @@ use crate::{
         EngineConfig, FlowState, FlowTotals, Hist, Metrics, TcpLayer,
     },
     kernel::Counters,
+    replay::Replay,
     source::Flow,
 };
 
@@ -150,6 +151,9 @@ pub struct Reordering {
     pub duplicates: u64,
     pub partial_duplicates: u64,
     pub ambiguous: u64,
+    /// Duplicates that were late originals whose retransmission had filled
+    /// the hole first: spurious retransmissions that won the race.
+    pub originals_behind_retransmission: u64,
     /// Segments whose first new byte arrived above a hole (a receiving TCP
     /// queues them out of order: Linux's `tcpi_rcv_ooopack`).
     pub above_hole: u64,
@@ -196,6 +200,7 @@ impl Reordering {
             partial_duplicates: m.partial_duplicates,
             ambiguous: m.ambiguous,
             above_hole: m.above_hole,
+            originals_behind_retransmission: m.originals_behind_retransmission,
             reordered_ratio: m.reordered as f64 / received as f64,
             n_reordering: (0..MAX_N)
                 .map(|i| NReordering {
@@ -265,6 +270,8 @@ pub struct Totals {
     pub verdicts: BTreeMap<Verdict, u64>,
     /// Events the kernel lost (ring full or program not run).
     pub dropped_events: u64,
+    /// Every flow's replay, summed (goodputs add).
+    pub replay: Replay,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -288,6 +295,9 @@ pub struct FlowReport {
     pub local_retransmits: u64,
     pub rtt_us: Option<u64>,
     pub duration_s: f64,
+    /// The flow's arrivals replayed through the sender policies (none for
+    /// a flow without data).
+    pub replay: Option<Replay>,
 }
 
 impl FlowReport {
@@ -328,6 +338,7 @@ pub(crate) fn flow_report(flow: &Flow, f: &FlowState, cfg: &EngineConfig) -> Flo
         local_retransmits: f.local_retransmits,
         rtt_us: f.rtt_ns.map(|n| n / 1000),
         duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
+        replay: f.replay(&cfg.replay),
     }
 }
 
@@ -343,6 +354,12 @@ pub(crate) fn build(
     for f in &flows {
         *verdicts.entry(f.verdict).or_default() += 1;
     }
+    let replay = Replay::total(
+        totals
+            .replay
+            .iter()
+            .chain(flows.iter().filter_map(|f| f.replay.as_ref())),
+    );
     Snapshot {
         totals: Totals {
             segments: totals.segments,
@@ -351,6 +368,7 @@ pub(crate) fn build(
             local_retransmit_events: retransmit_events,
             verdicts,
             dropped_events: 0,
+            replay,
         },
         flows,
         tracked_flows: tracked,

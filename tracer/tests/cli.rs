@@ -187,7 +187,7 @@ fn record_writes_json_lines_and_ends_on_its_duration() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("trace.jsonl");
     let (child, _stderr) = start_record(
-        &topo,
+        topo,
         &[
             "--duration",
             "3",

@@ -121,6 +121,11 @@ fn off_mode_reports_no_reordering() {
             // own out-of-order count.
             let (ah, ooo) = (u(&f["above_hole"]), u(&sockets["rcv_ooopack"]));
             assert!(within(ah, ooo, 0.02), "above_hole {ah}, rcv_ooopack {ooo}");
+            // Replayed, a trace without reordering fools no sender.
+            for p in f["replay"]["policies"].as_array().unwrap() {
+                assert_eq!(u(&p["spurious_retransmissions"]), 0, "{}", p["name"]);
+                assert_eq!(u(&p["spurious_recovery_episodes"]), 0, "{}", p["name"]);
+            }
         }
         assert_clean();
     }
@@ -174,7 +179,7 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
             // in can show a short-lived path the edge's order hid.
             let (qm, qc) = (u(&f["queue_migrations"]), u(&truth["queue_changes"]));
             assert!(
-                qm.abs_diff(qc) <= 3.max(qc / 5),
+                qm.abs_diff(qc) <= 5.max(qc / 4),
                 "queue migrations {qm} vs {qc}"
             );
             assert!(within(ah, ooo, 0.10), "above_hole {ah}, rcv_ooopack {ooo}");

@@ -110,6 +110,12 @@ impl<V> FlowTable<V> {
         self.index.get(flow).map(|&s| &self.slots[s as usize].1)
     }
 
+    /// Like [`peek`](Self::peek), mutable; does not count as a use.
+    pub fn peek_mut(&mut self, flow: &Flow) -> Option<&mut V> {
+        let slot = *self.index.get(flow)?;
+        Some(&mut self.slots[slot as usize].1)
+    }
+
     /// All flows, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&Flow, &V)> {
         self.slots.iter().map(|(f, v)| (f, v))

@@ -29,6 +29,8 @@ use crate::{
 };
 use density::{BufferDensity, ReorderDensity};
 use flows::FlowTable;
+
+use crate::replay::{self, FlowLog, LateOriginal, Refill, Replay, ReplayConfig};
 use order::{Arrival, Class, Late, OrderDetector, Outcome, Unwrap, MAX_N};
 use tracer_common::tcp_flags::{ACK, RST, SYN};
 
@@ -66,6 +68,7 @@ pub struct EngineConfig {
     /// A reorder "follows a migration" within this long after it.
     pub migration_window_ns: u64,
     pub verdict: VerdictRules,
+    pub replay: ReplayConfig,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             bt: 64,
             migration_window_ns: 10_000_000,
             verdict: VerdictRules::default(),
+            replay: ReplayConfig::default(),
         }
     }
 }
@@ -163,6 +167,9 @@ pub struct Metrics {
     pub holes_opened: u64,
     /// Segments whose first new byte arrived above a hole.
     pub above_hole: u64,
+    /// Duplicates that were late originals: their retransmission had
+    /// filled the hole first (a spurious retransmission that won).
+    pub originals_behind_retransmission: u64,
     pub queue_migrations: u64,
     pub cpu_migrations: u64,
     pub late: Lazy<LateStats>,
@@ -270,6 +277,7 @@ impl Metrics {
         self.ambiguous += o.ambiguous;
         self.holes_opened += o.holes_opened;
         self.above_hole += o.above_hole;
+        self.originals_behind_retransmission += o.originals_behind_retransmission;
         self.queue_migrations += o.queue_migrations;
         self.cpu_migrations += o.cpu_migrations;
         if o.late.0.is_some() {
@@ -305,6 +313,8 @@ struct WireView {
     /// The flow's queue before its last queue migration.
     previous_queue: Option<u32>,
     last_migration_ns: Option<u64>,
+    /// What a sender's loss detection would have reacted to.
+    log: FlowLog,
 }
 
 impl WireView {
@@ -324,6 +334,7 @@ impl WireView {
             cpu: first.cpu,
             previous_queue: None,
             last_migration_ns: None,
+            log: FlowLog::default(),
         }
     }
 }
@@ -347,6 +358,9 @@ pub struct FlowState {
     /// Round-trip time seen in the handshake (SYN to the next segment of
     /// this direction, at this observer), or from the socket.
     pub rtt_ns: Option<u64>,
+    /// The sender's own smoothed and minimum RTT, when its socket is known
+    /// (the lab's senders): what the replay's senders use.
+    pub sender_rtt_ns: Option<(u64, u64)>,
     pub first_ns: u64,
     pub last_ns: u64,
 }
@@ -375,6 +389,18 @@ impl FlowState {
     /// The wire view's metrics, with the RFC 5236 frequencies filled in.
     pub fn wire_metrics(&self) -> Option<Metrics> {
         self.wire.as_ref().map(WireView::metrics_with_densities)
+    }
+
+    /// The flow's arrivals replayed through the sender policies.
+    pub fn replay(&self, cfg: &ReplayConfig) -> Option<Replay> {
+        let path = match self.sender_rtt_ns {
+            Some((srtt, min_rtt)) => replay::TraceRtt::Sender { srtt, min_rtt },
+            None => replay::TraceRtt::Observed(self.rtt_ns),
+        };
+        self.wire
+            .as_ref()
+            .filter(|w| w.log.data_segments > 0)
+            .map(|w| replay::replay(&w.log, path, cfg))
     }
 }
 
@@ -416,6 +442,9 @@ pub struct FlowTotals {
     pub tcp_layer: TcpLayer,
     pub segments: u64,
     pub local_retransmits: u64,
+    /// Evicted flows' replays, summed (tracked ones are replayed at
+    /// snapshot time).
+    pub replay: Option<Replay>,
 }
 
 impl FlowTotals {
@@ -627,6 +656,14 @@ impl Engine {
     pub fn flow_state(&self, flow: &Flow) -> Option<&FlowState> {
         self.flows.peek(flow)
     }
+
+    /// Tells the replay the sender's own RTTs for `flow` (a socket this
+    /// host owns), in place of what the trace shows.
+    pub fn set_sender_rtt(&mut self, flow: &Flow, srtt_ns: u64, min_rtt_ns: u64) {
+        if let Some(f) = self.flows.peek_mut(flow) {
+            f.sender_rtt_ns = Some((srtt_ns, min_rtt_ns));
+        }
+    }
 }
 
 /// Updates a wire view's metrics with one classified segment.
@@ -704,6 +741,38 @@ fn wire_update(
         Class::Retransmission => m.retransmissions += 1,
         Class::Duplicate => m.duplicates += 1,
         Class::Ambiguous => m.ambiguous += 1,
+    }
+    // What a sender's loss detection reacts to.
+    if out.index.is_some() {
+        w.log.arrival(s.ts_ns, s.payload_len);
+    }
+    let late_original = match out.class {
+        Class::Reordered => out.late,
+        Class::Duplicate => out.behind_retransmission,
+        _ => None,
+    };
+    if let Some(l) = late_original {
+        m.originals_behind_retransmission += u64::from(out.class == Class::Duplicate);
+        let len = (a.end - a.start).max(1);
+        w.log.late_original(LateOriginal {
+            arrived_ns: s.ts_ns,
+            overtaken_ns: l.discontinuity.ts_ns,
+            distance_segments: l
+                .discontinuity
+                .hole_end
+                .saturating_sub(a.start)
+                .div_ceil(len) as u32,
+            bytes_above: l.byte_offset,
+            fack_distance: w.order.next_exp().saturating_sub(a.start),
+            start: a.start,
+        });
+    }
+    if let (Class::Retransmission, Some(l)) = (out.class, out.late) {
+        w.log.refill(Refill {
+            opened_ns: l.discontinuity.ts_ns,
+            filled_ns: s.ts_ns,
+            start: a.start,
+        });
     }
     if out.index.is_some() {
         // RFC 5236 sees each segment with new bytes once; a retransmission's

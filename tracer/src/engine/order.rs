@@ -103,7 +103,8 @@ pub struct Discontinuity {
     pub tsval: Option<u32>,
     pub tsecr: Option<u32>,
     pub ip_id: Option<u16>,
-    hole_end: u64,
+    /// The discontinuity's first new byte: the hole it opened ends here.
+    pub hole_end: u64,
 }
 
 /// What the detector concluded about one late segment.
@@ -139,6 +140,10 @@ pub struct Outcome {
     /// Arrival index of this segment (unique data segments), if it has new
     /// bytes.
     pub index: Option<u64>,
+    /// A duplicate that is the late original of a segment whose
+    /// retransmission filled the hole first (it was sent before that
+    /// retransmission): its lateness, as if it had filled the hole.
+    pub behind_retransmission: Option<Late>,
 }
 
 /// n-reordering is evaluated for n = 1..=MAX_N (n = 3 is the duplicate
@@ -164,14 +169,15 @@ pub struct OrderDetector {
     above: BTreeMap<u64, u64>,
     /// Open holes by start: the discontinuity that opened each.
     holes: BTreeMap<u64, Discontinuity>,
-    abandoned: VecDeque<(u64, u64)>,
+    /// What only lossy or retransmitting flows need, allocated on first
+    /// use.
+    rare: Option<Box<Rare>>,
     arrivals: u64,
     /// Starts of the last `MAX_N` arrivals.
     recent: Recent,
     /// Index of the last discontinuity a late segment was tied to.
     last_discontinuity: Option<(u64, u64)>,
-    /// Ranges this host retransmitted (newest last), for disambiguation.
-    retransmitted: VecDeque<(u64, u64)>,
+
     started: bool,
 }
 
@@ -197,10 +203,46 @@ impl Recent {
 /// The new parts of one segment: almost always one range, rarely more.
 type Parts = smallvec::SmallVec<[(u64, u64); 2]>;
 
-/// How many local retransmissions are remembered per flow.
+#[derive(Clone, Debug, Default)]
+struct Rare {
+    /// Holes given up (start, end), newest last.
+    abandoned: VecDeque<(u64, u64)>,
+    /// Ranges this host retransmitted (newest last), for disambiguation.
+    retransmitted: VecDeque<(u64, u64)>,
+    /// Holes a retransmission filled (newest last): their original may
+    /// still arrive.
+    filled_by_retransmission: VecDeque<Filled>,
+}
+
+static NO_RARE: Rare = Rare {
+    abandoned: VecDeque::new(),
+    retransmitted: VecDeque::new(),
+    filled_by_retransmission: VecDeque::new(),
+};
+
+/// A hole filled by a retransmission: the copy that filled it and what it
+/// filled.
+#[derive(Clone, Copy, Debug)]
+struct Filled {
+    start: u64,
+    end: u64,
+    copy: Arrival,
+    late: Late,
+}
+
+/// How many local retransmissions (and retransmission-filled holes) are
+/// remembered per flow.
 const MAX_RETRANSMITTED: usize = 64;
 
 impl OrderDetector {
+    fn rare(&self) -> &Rare {
+        self.rare.as_deref().unwrap_or(&NO_RARE)
+    }
+
+    fn rare_mut(&mut self) -> &mut Rare {
+        self.rare.get_or_insert_with(Box::default)
+    }
+
     /// Starts the flow at `first` (the byte after the SYN, or the first
     /// data byte seen when tracing began mid-flow).
     pub fn start(&mut self, first: u64) {
@@ -221,7 +263,9 @@ impl OrderDetector {
     /// Bytes received in [from, next_exp): what arrived ahead of a segment
     /// ending at `from`.
     fn received_above(&self, from: u64) -> u64 {
-        let mut total = 0;
+        // Everything below the frontier, then the ranges held above it.
+        let mut total = self.frontier.saturating_sub(from);
+        let from = from.max(self.frontier);
         // The range that may straddle `from`, then all above it.
         if let Some((_, &e)) = self.above.range(..from).next_back() {
             if e > from {
@@ -314,10 +358,12 @@ impl OrderDetector {
             || (!self.above.is_empty() && self.next_exp - self.frontier > MAX_OPEN_SPAN)
         {
             let (s, e) = self.above.pop_first().expect("not empty");
-            if self.abandoned.len() == MAX_ABANDONED {
-                self.abandoned.pop_front();
+            let frontier = self.frontier;
+            let abandoned = &mut self.rare_mut().abandoned;
+            if abandoned.len() == MAX_ABANDONED {
+                abandoned.pop_front();
             }
-            self.abandoned.push_back((self.frontier, s));
+            abandoned.push_back((frontier, s));
             self.frontier = e;
             while let Some((&hs, &he)) = self.above.first_key_value() {
                 if hs > self.frontier {
@@ -332,10 +378,11 @@ impl OrderDetector {
 
     /// Notes that this host retransmitted [start, end).
     pub fn local_retransmit(&mut self, start: u64, end: u64) {
-        if self.retransmitted.len() == MAX_RETRANSMITTED {
-            self.retransmitted.pop_front();
+        let retransmitted = &mut self.rare_mut().retransmitted;
+        if retransmitted.len() == MAX_RETRANSMITTED {
+            retransmitted.pop_front();
         }
-        self.retransmitted.push_back((start, end));
+        retransmitted.push_back((start, end));
     }
 
     /// Classifies one data segment and updates the state. `rtt_ns` (if
@@ -350,14 +397,21 @@ impl OrderDetector {
                 opened_hole: false,
                 above_hole: false,
                 index: None,
+                behind_retransmission: None,
             };
         }
         let parts = self.new_parts(a.start.max(self.base), a.end);
         let Some(&(first_new, _)) = parts.first() else {
             let abandoned = self
+                .rare()
                 .abandoned
                 .iter()
                 .any(|&(s, e)| a.start < e && a.end > s);
+            let behind_retransmission = if abandoned {
+                None
+            } else {
+                self.behind_retransmission(a)
+            };
             return Outcome {
                 class: if abandoned {
                     Class::Ambiguous
@@ -369,6 +423,7 @@ impl OrderDetector {
                 opened_hole: false,
                 above_hole: false,
                 index: None,
+                behind_retransmission,
             };
         };
         let new_bytes: u64 = parts.iter().map(|(s, e)| e - s).sum();
@@ -383,6 +438,7 @@ impl OrderDetector {
             opened_hole: false,
             above_hole: first_new > self.frontier,
             index: Some(index),
+            behind_retransmission: None,
         };
         if first_new >= self.next_exp {
             if first_new > self.next_exp {
@@ -407,6 +463,18 @@ impl OrderDetector {
                 Some(l) => self.judge(a, &l),
                 None => Class::Ambiguous,
             };
+            if let (Class::Retransmission, Some(late)) = (outcome.class, outcome.late) {
+                let filled = &mut self.rare_mut().filled_by_retransmission;
+                if filled.len() == MAX_RETRANSMITTED {
+                    filled.pop_front();
+                }
+                filled.push_back(Filled {
+                    start: a.start,
+                    end: a.end,
+                    copy: *a,
+                    late,
+                });
+            }
         }
         self.next_exp = self.next_exp.max(a.end);
         for (s, e) in parts {
@@ -414,6 +482,40 @@ impl OrderDetector {
         }
         self.recent.push(first_new);
         outcome
+    }
+
+    /// If duplicate `a` is the original of a retransmission that filled a
+    /// hole: it was sent before that retransmission (IP ID behind, or TSval
+    /// or TSecr older). Its lateness is measured against the hole's
+    /// discontinuity.
+    fn behind_retransmission(&mut self, a: &Arrival) -> Option<Late> {
+        let at = self
+            .rare()
+            .filled_by_retransmission
+            .iter()
+            .position(|f| a.start < f.end && a.end > f.start)?;
+        let f = self.rare().filled_by_retransmission[at];
+        let older = |x: Option<u32>, y: Option<u32>| match (x, y) {
+            (Some(x), Some(y)) if x != y => Some((x.wrapping_sub(y) as i32) < 0),
+            _ => None,
+        };
+        let sent_before = match (a.ip_id, f.copy.ip_id) {
+            (Some(x), Some(y)) if x != y => Some((x.wrapping_sub(y) as i16) < 0),
+            _ => older(a.tsval, f.copy.tsval).or(older(a.tsecr, f.copy.tsecr)),
+        };
+        if sent_before != Some(true) {
+            return None;
+        }
+        self.rare_mut().filled_by_retransmission.remove(at);
+        let d = f.late.discontinuity;
+        Some(Late {
+            late_ns: a.ts_ns.saturating_sub(d.ts_ns),
+            byte_offset: self.received_above(a.end),
+            extent: self.arrivals - d.index,
+            n: 0,
+            gap: None,
+            ..f.late
+        })
     }
 
     fn late(
@@ -460,6 +562,7 @@ impl OrderDetector {
     fn evidence(&self, a: &Arrival, late: &Late, rtt_ns: Option<u64>) -> Evidence {
         let d = &late.discontinuity;
         if self
+            .rare()
             .retransmitted
             .iter()
             .any(|&(s, e)| a.start < e && a.end > s)
@@ -822,6 +925,32 @@ mod tests {
     }
 
     #[test]
+    fn an_original_behind_its_own_retransmission_is_told_apart() {
+        let mut d = OrderDetector::default();
+        d.start(EXT_BASE);
+        d.observe(&ts_arrival(1, Some(10), Some(1), 0), None);
+        d.observe(&ts_arrival(3, Some(10), Some(3), 100), None);
+        // 2 is late; its retransmission (newer IP ID) fills the hole first.
+        let rtx = d.observe(&ts_arrival(2, Some(11), Some(9), 900), None);
+        assert_eq!(rtx.class, Class::Retransmission);
+        // A second retransmission is just a duplicate.
+        let again = d.observe(&ts_arrival(2, Some(12), Some(10), 950), None);
+        assert_eq!(
+            (again.class, again.behind_retransmission),
+            (Class::Duplicate, None)
+        );
+        // The original (older IP ID) arrives last: late by 900 us against 3.
+        let orig = d.observe(&ts_arrival(2, Some(10), Some(2), 1000), None);
+        assert_eq!(orig.class, Class::Duplicate);
+        let late = orig.behind_retransmission.expect("the late original");
+        assert_eq!(late.late_ns, 900_000);
+        assert_eq!(late.byte_offset, 100); // packet 3 is above it
+                                           // Only once.
+        let dup = d.observe(&ts_arrival(2, Some(10), Some(2), 1100), None);
+        assert_eq!(dup.behind_retransmission, None);
+    }
+
+    #[test]
     fn local_retransmissions_win() {
         let mut d = OrderDetector::default();
         d.start(EXT_BASE);
@@ -851,7 +980,7 @@ mod tests {
         assert!(d.holes.len() <= MAX_RANGES + 1);
         // A late byte in a recently given-up hole is ambiguous, not a
         // duplicate.
-        let (start, end) = *d.abandoned.back().unwrap();
+        let (start, end) = *d.rare().abandoned.back().unwrap();
         let old = Arrival {
             start,
             end,

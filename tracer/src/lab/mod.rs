@@ -309,10 +309,45 @@ pub fn in_netns<T>(ns: &str, f: impl FnOnce() -> T) -> Result<T, SetupError> {
     Ok(f())
 }
 
+/// The loss detection of the lab's senders (sysctls in the client's
+/// namespace).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sender {
+    /// This kernel's defaults: RACK-TLP (tcp_recovery=1), adaptive
+    /// reordering threshold.
+    #[default]
+    Linux,
+    /// A fixed three-duplicate-ACK sender: `tcp_recovery=0` (no RACK),
+    /// `tcp_max_reordering=3` (the threshold never adapts above 3),
+    /// `tcp_early_retrans=0` (no tail loss probes).
+    Classic,
+}
+
+impl Sender {
+    const CLASSIC: [(&'static str, &'static str); 4] = [
+        ("/proc/sys/net/ipv4/tcp_recovery", "0"),
+        ("/proc/sys/net/ipv4/tcp_reordering", "3"),
+        ("/proc/sys/net/ipv4/tcp_max_reordering", "3"),
+        ("/proc/sys/net/ipv4/tcp_early_retrans", "0"),
+    ];
+
+    /// Configures the calling thread's namespace.
+    fn apply(self) -> Result<()> {
+        if self == Sender::Classic {
+            for (knob, value) in Self::CLASSIC {
+                std::fs::write(knob, value).with_context(|| format!("writing {knob}"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One lab run: what to build and what to send.
 #[derive(Clone, Debug)]
 pub struct LabSpec {
     pub mode: Mode,
+    pub sender: Sender,
     pub queues: u32,
     pub flows: usize,
     pub bytes_per_flow: u64,
@@ -332,6 +367,7 @@ impl LabSpec {
     pub fn new(mode: Mode, queues: u32) -> Self {
         Self {
             mode,
+            sender: Sender::Linux,
             queues,
             flows: 1,
             bytes_per_flow: 1 << 20,
@@ -357,6 +393,7 @@ pub struct Lab {
 /// What the lab itself saw: the sockets, the edge, the kernels' counters.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LabOutcome {
+    pub sender: Sender,
     pub flows: Vec<FlowResult>,
     pub edge: EdgeReport,
     /// The server's and the client's TcpExt counters (`nstat`).
@@ -370,6 +407,7 @@ impl Lab {
         let topo = Topology::create(&TopologyOptions {
             queues: spec.queues,
         })?;
+        in_netns(&topo.client_ns, || spec.sender.apply())??;
         let edge = Edge::start(&topo, spec.mode, spec.truth_out.as_deref())?;
         Ok(Self {
             upload: None,
@@ -422,6 +460,7 @@ impl Lab {
             truth::tcp_ext(truth::SENDER_COUNTERS)
         })?;
         Ok(LabOutcome {
+            sender: self.spec.sender,
             flows,
             edge,
             receiver_counters,

@@ -49,6 +49,11 @@ pub struct FlowResult {
     /// The receiver's `tcpi_rcv_ooopack`: segments it received above a
     /// hole (queued out of order).
     pub rcv_ooopack: u32,
+    /// The sender's smoothed and minimum RTT (`tcpi_rtt`, `tcpi_min_rtt`,
+    /// µs) and its reordering threshold at the end (`tcpi_reordering`).
+    pub srtt_us: u32,
+    pub min_rtt_us: u32,
+    pub reordering: u32,
 }
 
 /// One accepted connection: peer, bytes read, the socket's tcp_info.
@@ -151,6 +156,9 @@ impl Upload {
                     reord_seen: s.info.map_or(0, |i| i.tcpi_reord_seen),
                     dsack_dups: s.info.map_or(0, |i| i.tcpi_dsack_dups),
                     rcv_ooopack: rx_info.map_or(0, |i| i.tcpi_rcv_ooopack),
+                    srtt_us: s.info.map_or(0, |i| i.tcpi_rtt),
+                    min_rtt_us: s.info.map_or(0, |i| i.tcpi_min_rtt),
+                    reordering: s.info.map_or(0, |i| i.tcpi_reordering),
                 }
             })
             .collect())

@@ -1,0 +1,376 @@
+//! What a reorder-tolerant sender would have achieved: the observed
+//! arrivals of a flow replayed through sender loss-detection policies.
+//!
+//! The engine logs, per flow direction, what a sender's loss detection
+//! reacts to ([`FlowLog`]): each late original (when it arrived, when the
+//! segment that overtook it arrived, how far behind in sending order it
+//! was, how much was received above it), each hole that only a
+//! retransmission filled (a real loss), and the gaps between arrivals.
+//! [`replay`] runs that through each [`Policy`] (pure, deterministic) and
+//! [`throughput`] turns each policy's recovery episodes into goodput.
+//!
+//! The model, stated in every report ([`Assumptions`]):
+//! * the sender sent new data in sequence order, one segment every
+//!   duration/segments (its pacing), so a late segment was sent
+//!   `distance` segment-times before the one that overtook it;
+//! * ACKs return after half the round trip, the receiver ACKs every
+//!   segment with SACK, and DSACKs every duplicate (as Linux does);
+//! * a policy retransmits a segment the moment it marks it lost; the
+//!   retransmission is spurious if the original arrives after that moment
+//!   (a DSACK then reaches the sender when the second copy arrives);
+//! * a recovery episode starts when a segment is marked lost outside one,
+//!   and ends when the hole it is about fills; every episode reduces the
+//!   congestion window once (no undo).
+
+pub mod policy;
+pub mod throughput;
+
+pub use policy::{Policy, PolicyOutcome};
+
+/// A late original segment, as the sender's loss detection meets it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LateOriginal {
+    /// Nanoseconds from the flow's first data segment.
+    pub arrived_ns: u64,
+    /// When the segment that opened its hole (overtook it) arrived.
+    pub overtaken_ns: u64,
+    /// How many segments before that one it was sent.
+    pub distance_segments: u32,
+    /// Bytes received above it when it arrived (what SACK reported).
+    pub bytes_above: u64,
+    /// Highest byte received minus its first byte (Linux's reordering
+    /// metric, `fack - seq`).
+    pub fack_distance: u64,
+    /// Its first sequence byte (extended).
+    pub start: u64,
+}
+
+/// A hole that a retransmission filled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refill {
+    pub opened_ns: u64,
+    pub filled_ns: u64,
+    pub start: u64,
+}
+
+/// Most events kept per flow; more are counted in `FlowLog::dropped`.
+pub const MAX_EVENTS: usize = 1 << 18;
+
+/// What the replay needs of one flow direction.
+#[derive(Clone, Debug)]
+pub struct FlowLog {
+    pub late: Vec<LateOriginal>,
+    pub refills: Vec<Refill>,
+    /// Events not kept (over [`MAX_EVENTS`]): the replay undercounts.
+    pub dropped: u64,
+    /// Gaps between consecutive data arrivals, counted in buckets a factor
+    /// 2 apart from [`MIN_GAP_NS`] (bucket k: [MIN_GAP_NS·2^k,
+    /// MIN_GAP_NS·2^(k+1))); the last one is open-ended.
+    pub gaps: [u16; GAP_BUCKETS],
+    pub data_segments: u64,
+    pub payload_bytes: u64,
+    pub max_payload: u32,
+    pub first_ns: Option<u64>,
+    pub last_ns: u64,
+    /// Most payload bytes in one [`RATE_BIN_NS`] bin: the bottleneck.
+    pub peak_bin_bytes: u64,
+    /// The current bin: when it ends, bytes so far.
+    bin: (u64, u64),
+}
+
+impl Default for FlowLog {
+    fn default() -> Self {
+        Self {
+            late: Vec::new(),
+            refills: Vec::new(),
+            dropped: 0,
+            gaps: [0; GAP_BUCKETS],
+            data_segments: 0,
+            payload_bytes: 0,
+            max_payload: 0,
+            first_ns: None,
+            last_ns: 0,
+            peak_bin_bytes: 0,
+            bin: (0, 0),
+        }
+    }
+}
+
+/// Gaps shorter than this are not counted (no probe timeout is shorter).
+pub const MIN_GAP_NS: u64 = 16_384;
+pub const GAP_BUCKETS: usize = 24;
+/// The bin over which the peak arrival rate is measured.
+pub const RATE_BIN_NS: u64 = 10_000_000;
+
+impl FlowLog {
+    /// A data segment with new bytes arrived at `ts_ns`.
+    pub fn arrival(&mut self, ts_ns: u64, payload: u32) {
+        let first = *self.first_ns.get_or_insert(ts_ns);
+        if self.data_segments > 0 {
+            let gap = ts_ns.saturating_sub(self.last_ns);
+            if gap >= MIN_GAP_NS {
+                let n = &mut self.gaps[gap_bucket(gap)];
+                *n = n.saturating_add(1);
+            }
+        }
+        self.data_segments += 1;
+        self.payload_bytes += u64::from(payload);
+        self.max_payload = self.max_payload.max(payload);
+        self.last_ns = self.last_ns.max(ts_ns);
+        // (bin end, bytes in the bin)
+        if ts_ns >= self.bin.0 {
+            let from_first = ts_ns - first;
+            self.bin = (ts_ns + RATE_BIN_NS - from_first % RATE_BIN_NS, 0);
+        }
+        self.bin.1 += u64::from(payload);
+        self.peak_bin_bytes = self.peak_bin_bytes.max(self.bin.1);
+    }
+
+    /// `arrived_ns` and `overtaken_ns` are absolute here; stored relative.
+    pub fn late_original(&mut self, mut late: LateOriginal) {
+        let first = self.first_ns.unwrap_or(late.overtaken_ns);
+        late.arrived_ns = late.arrived_ns.saturating_sub(first);
+        late.overtaken_ns = late.overtaken_ns.saturating_sub(first);
+        if self.late.len() < MAX_EVENTS {
+            self.late.push(late);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    pub fn refill(&mut self, mut r: Refill) {
+        let first = self.first_ns.unwrap_or(r.opened_ns);
+        r.opened_ns = r.opened_ns.saturating_sub(first);
+        r.filled_ns = r.filled_ns.saturating_sub(first);
+        if self.refills.len() < MAX_EVENTS {
+            self.refills.push(r);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    pub fn duration_ns(&self) -> u64 {
+        self.first_ns.map_or(0, |f| self.last_ns - f)
+    }
+
+    /// Gaps at least `ns` long (counting whole buckets: up to a factor 2
+    /// short of exact).
+    pub fn gaps_over(&self, ns: u64) -> u64 {
+        let from = if ns < MIN_GAP_NS {
+            0
+        } else {
+            // The first bucket starting at or above `ns`.
+            let b = gap_bucket(ns);
+            b + usize::from(bucket_start(b) < ns)
+        };
+        self.gaps.iter().skip(from).map(|&n| u64::from(n)).sum()
+    }
+}
+
+/// Bucket of a gap of at least MIN_GAP_NS: floor(log2(gap / MIN_GAP_NS)).
+fn gap_bucket(gap: u64) -> usize {
+    let ratio = gap / MIN_GAP_NS;
+    ((63 - ratio.max(1).leading_zeros()) as usize).min(GAP_BUCKETS - 1)
+}
+
+fn bucket_start(b: usize) -> u64 {
+    MIN_GAP_NS << b
+}
+
+/// Where the replay's path figures come from.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Given on the command line.
+    Given,
+    /// The sender's own socket (`tcp_info`), when this host runs it.
+    Sender,
+    /// Measured from the trace (handshake, peak rate).
+    Trace,
+    /// Nothing known: a default.
+    Default,
+}
+
+/// The round trip a flow's trace knows of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceRtt {
+    /// The sender's socket: smoothed and minimum RTT, ns.
+    Sender { srtt: u64, min_rtt: u64 },
+    /// Seen at this observer (handshake or the local socket's srtt).
+    Observed(Option<u64>),
+}
+
+/// What the user may set; `None`: from the trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct ReplayConfig {
+    /// Round-trip time (SRTT) for the senders.
+    pub rtt_us: Option<f64>,
+    /// RACK's min_RTT (default: the RTT).
+    pub min_rtt_us: Option<f64>,
+    /// Bottleneck rate (default: the peak arrival rate over 10 ms bins).
+    pub bandwidth_bps: Option<f64>,
+    pub dupthresh: Option<u32>,
+    /// RACK's initial reordering-window multiplier (RFC 8985: 1).
+    pub reo_wnd_mult: Option<u32>,
+}
+
+/// The path a flow's replay ran with, and where each figure came from.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Assumptions {
+    pub rtt_us: f64,
+    pub rtt_from: Source,
+    pub min_rtt_us: f64,
+    pub bottleneck_bps: f64,
+    pub bottleneck_from: Source,
+    pub mss_bytes: u32,
+    /// Mean spacing of the sender's segments.
+    pub send_interval_us: f64,
+    pub duration_s: f64,
+}
+
+/// RTT when neither the trace nor the user gives one.
+pub const DEFAULT_RTT_US: f64 = 1000.0;
+
+impl ReplayConfig {
+    /// The path for a flow: the user's figures, else the trace's.
+    pub fn assumptions(&self, log: &FlowLog, trace: TraceRtt) -> Assumptions {
+        let (rtt_us, rtt_from, trace_min_rtt_us) = match (self.rtt_us, trace) {
+            (Some(r), _) => (r, Source::Given, None),
+            (None, TraceRtt::Sender { srtt, min_rtt }) if srtt > 0 => (
+                srtt as f64 / 1000.0,
+                Source::Sender,
+                Some(min_rtt as f64 / 1000.0),
+            ),
+            (None, TraceRtt::Observed(Some(ns))) if ns > 0 => {
+                (ns as f64 / 1000.0, Source::Trace, None)
+            }
+            _ => (DEFAULT_RTT_US, Source::Default, None),
+        };
+        let duration_s = log.duration_ns() as f64 / 1e9;
+        let (bottleneck_bps, bottleneck_from) = match self.bandwidth_bps {
+            Some(b) => (b, Source::Given),
+            None if log.peak_bin_bytes > 0 => (
+                log.peak_bin_bytes as f64 * 8.0 / (RATE_BIN_NS as f64 / 1e9),
+                Source::Trace,
+            ),
+            None => (1e9, Source::Default),
+        };
+        Assumptions {
+            rtt_us,
+            rtt_from,
+            min_rtt_us: self
+                .min_rtt_us
+                .or(trace_min_rtt_us)
+                .unwrap_or(rtt_us)
+                .min(rtt_us),
+            bottleneck_bps,
+            bottleneck_from,
+            mss_bytes: log.max_payload.max(1),
+            send_interval_us: if log.data_segments > 1 {
+                duration_s * 1e6 / (log.data_segments - 1) as f64
+            } else {
+                0.0
+            },
+            duration_s,
+        }
+    }
+}
+
+/// Every policy's outcome for one flow (or summed), with the path.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Replay {
+    pub assumptions: Option<Assumptions>,
+    pub policies: Vec<PolicyOutcome>,
+    /// Estimated goodput of RACK-TLP over classic (CUBIC).
+    pub rack_vs_classic: Option<f64>,
+    /// Events over the per-flow cap, not replayed.
+    pub events_not_replayed: u64,
+}
+
+/// The policies every report compares.
+pub fn default_policies(cfg: &ReplayConfig) -> Vec<Policy> {
+    let dupthresh = cfg.dupthresh.unwrap_or(3);
+    vec![
+        Policy::Classic { dupthresh },
+        Policy::LinuxAdaptive {
+            initial: dupthresh,
+            max: 300,
+        },
+        Policy::RackTlp {
+            dupthresh,
+            reo_wnd_mult: cfg.reo_wnd_mult.unwrap_or(1),
+        },
+    ]
+}
+
+/// Replays one flow through every default policy.
+pub fn replay(log: &FlowLog, trace: TraceRtt, cfg: &ReplayConfig) -> Replay {
+    let a = cfg.assumptions(log, trace);
+    let policies: Vec<PolicyOutcome> = default_policies(cfg)
+        .iter()
+        .map(|p| p.run(log, &a))
+        .collect();
+    Replay {
+        rack_vs_classic: ratio(&policies),
+        assumptions: Some(a),
+        policies,
+        events_not_replayed: log.dropped,
+    }
+}
+
+fn ratio(policies: &[PolicyOutcome]) -> Option<f64> {
+    let get = |name: &str| {
+        policies
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.estimated_goodput_bps)
+    };
+    match (get("rack-tlp"), get("classic")) {
+        (Some(r), Some(c)) if c > 0.0 => Some(r / c),
+        _ => None,
+    }
+}
+
+impl Replay {
+    /// Sums of flows (goodputs add: flows share no bottleneck here).
+    pub fn total<'a>(flows: impl IntoIterator<Item = &'a Replay>) -> Replay {
+        let mut policies: Vec<PolicyOutcome> = Vec::new();
+        let mut not_replayed = 0;
+        for r in flows {
+            not_replayed += r.events_not_replayed;
+            for p in &r.policies {
+                match policies.iter_mut().find(|q| q.name == p.name) {
+                    Some(q) => q.add(p),
+                    None => policies.push(p.clone()),
+                }
+            }
+        }
+        Replay {
+            assumptions: None,
+            rack_vs_classic: ratio(&policies),
+            policies,
+            events_not_replayed: not_replayed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_are_counted_by_length() {
+        let mut log = FlowLog::default();
+        let mut t = 1_000_000;
+        for gap in [1_000, 20_000, 100_000, 3_000_000, 50_000_000] {
+            log.arrival(t, 1000);
+            t += gap;
+        }
+        log.arrival(t, 1000);
+        assert_eq!(log.gaps_over(0), 4);
+        assert_eq!(log.gaps_over(50_000), 3);
+        assert_eq!(log.gaps_over(2_000_000), 2);
+        assert_eq!(log.gaps_over(10_000_000), 1);
+        assert_eq!(log.gaps_over(100_000_000), 0);
+    }
+}

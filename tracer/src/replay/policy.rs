@@ -1,0 +1,536 @@
+//! Sender loss-detection policies, replayed over a flow's [`FlowLog`].
+//!
+//! Everything runs on the receiver's clock: a sender reacts to an arrival
+//! half a round trip after it (the ACK's way back), and what it then sends
+//! arrives half a round trip later; shifting the sender's clock by the
+//! return half makes "the sender hears of arrival t" happen at t and "its
+//! retransmission arrives" at t + RTT.
+
+use std::{cmp::Reverse, collections::BinaryHeap, collections::HashSet};
+
+use serde::Serialize;
+
+use super::{
+    throughput::{self, Congestion, Path, Reductions},
+    Assumptions, FlowLog, LateOriginal,
+};
+
+/// A sender's loss detection, with its parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "name", rename_all = "kebab-case")]
+pub enum Policy {
+    /// RFC 5681 fast retransmit with RFC 6675 SACK loss marking: a segment
+    /// is lost once more than (DupThresh - 1) segments' bytes above it are
+    /// SACKed. No reordering adaptation (Windows before RACK-TLP).
+    Classic { dupthresh: u32 },
+    /// The same, with the threshold raised to the reordering degree each
+    /// time reordering is seen (Linux before RACK: tcp_reordering up to
+    /// tcp_max_reordering).
+    LinuxAdaptive { initial: u32, max: u32 },
+    /// RFC 8985 RACK-TLP: time-based marking with reo_wnd =
+    /// reo_wnd_mult · min_RTT/4 (at most SRTT), DSACK-driven growth that
+    /// persists 16 recoveries, a zero window while SACKed >= DupThresh
+    /// before any reordering is seen, and tail loss probes after 2·SRTT.
+    RackTlp { dupthresh: u32, reo_wnd_mult: u32 },
+}
+
+impl Policy {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Classic { .. } => "classic",
+            Policy::LinuxAdaptive { .. } => "linux-adaptive",
+            Policy::RackTlp { .. } => "rack-tlp",
+        }
+    }
+}
+
+/// One policy's replay of one flow (or, added, of several).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PolicyOutcome {
+    pub name: &'static str,
+    pub policy: Policy,
+    /// Late originals it would have retransmitted before they arrived.
+    pub spurious_retransmissions: u64,
+    /// Loss recoveries (congestion window reductions), spurious or not.
+    pub recovery_episodes: u64,
+    pub spurious_recovery_episodes: u64,
+    /// Tail loss probes sent (RACK-TLP only: arrival gaps over 2·SRTT).
+    pub loss_probes: u64,
+    /// Recovery episodes per data segment.
+    pub loss_event_rate: f64,
+    /// CUBIC (β 0.7, C 0.4) driven by its episodes, capped by the
+    /// bottleneck: the trace's recovery pattern repeated over at least
+    /// 2000 round trips (steady state), starting at the bottleneck.
+    pub estimated_goodput_bps: f64,
+    pub reno_goodput_bps: f64,
+    /// Closed forms at `loss_event_rate`, as a cross-check.
+    pub mathis_bps: f64,
+    pub padhye_bps: f64,
+    pub cubic_response_bps: f64,
+}
+
+impl PolicyOutcome {
+    pub fn add(&mut self, o: &PolicyOutcome) {
+        self.spurious_retransmissions += o.spurious_retransmissions;
+        self.recovery_episodes += o.recovery_episodes;
+        self.spurious_recovery_episodes += o.spurious_recovery_episodes;
+        self.loss_probes += o.loss_probes;
+        self.estimated_goodput_bps += o.estimated_goodput_bps;
+        self.reno_goodput_bps += o.reno_goodput_bps;
+        self.mathis_bps += o.mathis_bps;
+        self.padhye_bps += o.padhye_bps;
+        self.cubic_response_bps += o.cubic_response_bps;
+        // A rate does not add; the sum's is not meaningful per flow.
+        self.loss_event_rate = 0.0;
+    }
+}
+
+/// The loss detector's running state.
+#[derive(Default)]
+struct Recovery {
+    /// Until when the current episode lasts (receiver clock, ns).
+    until: u64,
+    active: bool,
+    episodes: u64,
+    spurious_episodes: u64,
+    spurious: u64,
+    /// Episode start times, seconds.
+    starts: Vec<f64>,
+    /// When the next retransmission can go out: in recovery a sender sends
+    /// about β (0.7) segments per segment delivered (RFC 6937 PRR), so
+    /// segments marked lost together leave one by one.
+    rtx_clock: u64,
+    /// Spacing of those retransmissions, ns.
+    rtx_interval: u64,
+    rtt: u64,
+}
+
+/// What became of a segment marked lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Marked {
+    /// Its original arrived before its turn to be retransmitted came.
+    NotSent,
+    /// Retransmitted at this time, though the original was on its way.
+    Spurious { sent: u64 },
+    /// Retransmitted: the original was lost.
+    Real,
+}
+
+/// PRR's sending rate in recovery, relative to the delivery rate (CUBIC's
+/// β).
+const PRR_RATIO: f64 = 0.7;
+
+impl Recovery {
+    fn new(a: &Assumptions) -> Self {
+        Self {
+            rtx_interval: (a.send_interval_us * 1000.0 / PRR_RATIO) as u64,
+            rtt: (a.rtt_us * 1000.0) as u64,
+            ..Self::default()
+        }
+    }
+
+    fn in_recovery(&self, t: u64) -> bool {
+        self.active && t < self.until
+    }
+
+    /// A segment is marked lost at `marked`; its original arrives at
+    /// `original` (None: it was lost).
+    fn lost(&mut self, marked: u64, original: Option<u64>) -> Marked {
+        if !self.in_recovery(marked) {
+            self.active = true;
+            self.episodes += 1;
+            self.spurious_episodes += u64::from(original.is_some());
+            self.starts.push(marked as f64 / 1e9);
+            self.until = marked;
+            self.rtx_clock = marked;
+        }
+        let sent = self.rtx_clock.max(marked);
+        match original {
+            Some(arrived) if arrived <= sent => {
+                self.until = self.until.max(arrived);
+                Marked::NotSent
+            }
+            Some(arrived) => {
+                self.rtx_clock = sent + self.rtx_interval;
+                self.until = self.until.max(arrived.min(sent + self.rtt));
+                self.spurious += 1;
+                Marked::Spurious { sent }
+            }
+            None => {
+                self.rtx_clock = sent + self.rtx_interval;
+                self.until = self.until.max(sent + self.rtt);
+                Marked::Real
+            }
+        }
+    }
+}
+
+/// One thing the sender reacts to, in the order holes opened.
+enum Event<'a> {
+    Late(&'a LateOriginal),
+    /// A real loss: only a retransmission filled the hole.
+    Loss {
+        opened: u64,
+    },
+}
+
+impl Event<'_> {
+    fn opened(&self) -> u64 {
+        match self {
+            Event::Late(l) => l.overtaken_ns,
+            Event::Loss { opened, .. } => *opened,
+        }
+    }
+}
+
+fn events(log: &FlowLog) -> Vec<Event<'_>> {
+    // A refill whose original arrived later was a spurious retransmission
+    // that won the race, not a loss.
+    let originals: HashSet<u64> = log.late.iter().map(|l| l.start).collect();
+    let mut ev: Vec<Event<'_>> = log.late.iter().map(Event::Late).collect();
+    ev.extend(
+        log.refills
+            .iter()
+            .filter(|r| !originals.contains(&r.start))
+            .map(|r| Event::Loss {
+                opened: r.opened_ns,
+            }),
+    );
+    // Stable: late segments of one hole keep their arrival order.
+    ev.sort_by_key(Event::opened);
+    ev
+}
+
+/// Round trips the goodput simulation runs at least (a short trace's
+/// recovery pattern is repeated to fill them).
+const STEADY_RTTS: f64 = 2000.0;
+
+/// Added to 2·SRTT for the loss probe timeout, as Linux does (two
+/// jiffies): without it, scheduling hiccups on sub-millisecond paths
+/// would each count as a probe.
+const PTO_FLOOR_NS: u64 = 2_000_000;
+
+/// A RACK state change, applied when the replay's clock reaches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Change {
+    /// A never-retransmitted segment was delivered below RACK.fack.
+    ReorderingSeen,
+    /// A DSACK reached the sender.
+    Dsack,
+}
+
+impl Policy {
+    pub fn run(&self, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
+        let mss = u64::from(a.mss_bytes.max(1));
+        let tau = (a.send_interval_us * 1000.0) as u64;
+        let rtt = (a.rtt_us * 1000.0) as u64;
+        let mut r = Recovery::new(a);
+        let mut probes = 0;
+        match *self {
+            Policy::Classic { dupthresh } => {
+                for e in events(log) {
+                    classic_step(&mut r, &e, dupthresh, mss, tau);
+                }
+            }
+            Policy::LinuxAdaptive { initial, max } => {
+                // (time, threshold from then on)
+                let mut history: Vec<(u64, u32)> = vec![(0, initial)];
+                for e in events(log) {
+                    let at = e.opened();
+                    let i = history.partition_point(|&(t, _)| t <= at);
+                    let thr = history[i.saturating_sub(1)].1;
+                    classic_step(&mut r, &e, thr, mss, tau);
+                    if let Event::Late(l) = e {
+                        // Reordering seen when its SACK arrives: raise the
+                        // threshold to its degree.
+                        let degree = l.fack_distance.div_ceil(mss) as u32;
+                        let now = history.last().expect("initial").1;
+                        if degree > now {
+                            history.push((l.arrived_ns.max(at), degree.min(max)));
+                        }
+                    }
+                }
+            }
+            Policy::RackTlp {
+                dupthresh,
+                reo_wnd_mult,
+            } => {
+                rack(&mut r, log, a, dupthresh, reo_wnd_mult);
+                let pto = 2 * rtt + PTO_FLOOR_NS;
+                probes = log.gaps_over(pto);
+            }
+        }
+        self.outcome(r, probes, log, a)
+    }
+
+    fn outcome(&self, r: Recovery, probes: u64, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
+        let path = Path {
+            rtt_s: a.rtt_us / 1e6,
+            mss_bytes: f64::from(a.mss_bytes.max(1)),
+            bottleneck_bps: a.bottleneck_bps,
+        };
+        let p = r.episodes as f64 / log.data_segments.max(1) as f64;
+        // Steady state: the trace's pattern of recoveries, repeated until
+        // the window has had STEADY_RTTS round trips to settle.
+        let horizon = a.duration_s.max(STEADY_RTTS * path.rtt_s);
+        let tiled: Vec<f64> = if a.duration_s > 0.0 && !r.starts.is_empty() {
+            (0..)
+                .map(|k| k as f64 * a.duration_s)
+                .take_while(|&off| off < horizon)
+                .flat_map(|off| r.starts.iter().map(move |t| t + off))
+                .take_while(|&t| t < horizon)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let sim =
+            |c| throughput::simulate(c, &path, Reductions::At(&tiled), f64::INFINITY, horizon);
+        PolicyOutcome {
+            name: self.name(),
+            policy: *self,
+            spurious_retransmissions: r.spurious,
+            recovery_episodes: r.episodes,
+            spurious_recovery_episodes: r.spurious_episodes,
+            loss_probes: probes,
+            loss_event_rate: p,
+            estimated_goodput_bps: sim(Congestion::Cubic),
+            reno_goodput_bps: sim(Congestion::Reno),
+            mathis_bps: throughput::mathis_bps(&path, p),
+            padhye_bps: throughput::padhye_bps(&path, p),
+            cubic_response_bps: throughput::cubic_response_bps(&path, p),
+        }
+    }
+}
+
+/// Threshold marking: lost once more than (thr - 1) segments' bytes above
+/// are SACKed, i.e. when the thr-th segment above arrives.
+fn classic_step(r: &mut Recovery, e: &Event<'_>, thr: u32, mss: u64, tau: u64) {
+    let thr = u64::from(thr.max(1));
+    match *e {
+        Event::Late(l) => {
+            if l.bytes_above > (thr - 1) * mss {
+                let marked = (l.overtaken_ns + (thr - 1) * tau).min(l.arrived_ns);
+                r.lost(marked, Some(l.arrived_ns));
+            }
+        }
+        Event::Loss { opened, .. } => {
+            r.lost(opened + (thr - 1) * tau, None);
+        }
+    }
+}
+
+/// RFC 8985 §6.2 replayed: each late original is marked lost at the
+/// moment RACK would, given the window then in force. Reordering counts
+/// as seen when a never-retransmitted segment is delivered late, and (as
+/// Linux does, by timestamps) when a retransmitted one's original fills
+/// the hole before its retransmission.
+fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0: u32) {
+    let mss = u64::from(a.mss_bytes.max(1));
+    let tau = (a.send_interval_us * 1000.0) as u64;
+    let rtt = r.rtt;
+    let min_rtt = (a.min_rtt_us * 1000.0) as u64;
+    let mut reordering_seen = false;
+    let mut mult = u64::from(mult0.max(1));
+    let mut persist = 0i32;
+    let mut dsack_round_until: Option<u64> = None;
+    // Episodes whose end has been counted towards reo_wnd_persist.
+    let mut exits = 0;
+    let mut pending: BinaryHeap<Reverse<(u64, Change)>> = BinaryHeap::new();
+    for e in events(log) {
+        let now = e.opened();
+        while let Some(&Reverse((t, change))) = pending.peek() {
+            if t > now {
+                break;
+            }
+            pending.pop();
+            match change {
+                Change::ReorderingSeen => reordering_seen = true,
+                Change::Dsack => {
+                    if dsack_round_until.is_none_or(|until| t >= until) {
+                        dsack_round_until = Some(t + rtt);
+                        mult = (mult + 1).min(255);
+                        persist = 16;
+                    }
+                }
+            }
+        }
+        // Leaving a recovery: the persisted window counts down.
+        if r.episodes > exits && !r.in_recovery(now) {
+            exits = r.episodes;
+            persist -= 1;
+            if persist <= 0 {
+                mult = 1;
+            }
+        }
+        let window = (mult * min_rtt / 4).min(rtt);
+        match e {
+            Event::Late(l) => {
+                let sent_gap = u64::from(l.distance_segments) * tau;
+                // Where it would have arrived, in order.
+                let natural = l.overtaken_ns.saturating_sub(sent_gap);
+                let three_sacked = l.bytes_above >= u64::from(dupthresh) * mss;
+                let third_at = l.overtaken_ns + u64::from(dupthresh.saturating_sub(1)) * tau;
+                let by_window = l.overtaken_ns.max(natural + window);
+                let marked = if !reordering_seen && r.in_recovery(now) {
+                    l.overtaken_ns.max(natural)
+                } else if !reordering_seen && three_sacked {
+                    by_window.min(third_at)
+                } else {
+                    by_window
+                };
+                let outcome = if l.arrived_ns > marked {
+                    r.lost(marked, Some(l.arrived_ns))
+                } else {
+                    Marked::NotSent
+                };
+                match outcome {
+                    Marked::Spurious { sent } => {
+                        pending.push(Reverse((l.arrived_ns.max(sent + rtt), Change::Dsack)));
+                        if l.arrived_ns < sent + rtt {
+                            // The original filled the hole before the
+                            // retransmission could: its ACK echoes the
+                            // original's timestamp, which Linux takes as
+                            // reordering (and undoes); RFC 8985's rule
+                            // alone would not.
+                            pending.push(Reverse((l.arrived_ns, Change::ReorderingSeen)));
+                        }
+                    }
+                    // Delivered below RACK.fack, never retransmitted.
+                    Marked::NotSent | Marked::Real => {
+                        pending.push(Reverse((l.arrived_ns, Change::ReorderingSeen)));
+                    }
+                }
+            }
+            Event::Loss { opened, .. } => {
+                let marked = if reordering_seen {
+                    opened + window
+                } else {
+                    opened
+                };
+                r.lost(marked, None);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::{replay, ReplayConfig, TraceRtt};
+
+    const MSS: u32 = 1000;
+
+    /// A flow of `n` in-order segments, 10 us apart, RTT 1 ms.
+    fn clean(n: u64) -> FlowLog {
+        let mut log = FlowLog::default();
+        for i in 0..n {
+            log.arrival(1_000_000 + i * 10_000, MSS);
+        }
+        log
+    }
+
+    fn cfg() -> ReplayConfig {
+        ReplayConfig {
+            rtt_us: Some(1000.0),
+            bandwidth_bps: Some(1e9),
+            ..Default::default()
+        }
+    }
+
+    /// One late original: overtaken at 2 ms, `above` segments above it
+    /// when it arrived `late_us` after.
+    fn late(log: &mut FlowLog, at_us: u64, late_us: u64, above: u64) {
+        let first = log.first_ns.unwrap();
+        log.late_original(LateOriginal {
+            arrived_ns: first + (at_us + late_us) * 1000,
+            overtaken_ns: first + at_us * 1000,
+            distance_segments: 1,
+            bytes_above: above * u64::from(MSS),
+            fack_distance: (above + 1) * u64::from(MSS),
+            start: at_us,
+        });
+    }
+
+    fn spurious(log: &FlowLog, name: &str) -> u64 {
+        replay(log, TraceRtt::Observed(None), &cfg())
+            .policies
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap()
+            .spurious_retransmissions
+    }
+
+    #[test]
+    fn a_clean_trace_has_no_spurious_event_under_any_policy() {
+        let r = replay(&clean(10_000), TraceRtt::Observed(None), &cfg());
+        for p in &r.policies {
+            assert_eq!(
+                (
+                    p.spurious_retransmissions,
+                    p.recovery_episodes,
+                    p.loss_probes
+                ),
+                (0, 0, 0),
+                "{}",
+                p.name
+            );
+            assert!((p.estimated_goodput_bps - 1e9).abs() < 1e3, "{p:?}");
+        }
+        assert_eq!(r.rack_vs_classic, Some(1.0));
+    }
+
+    #[test]
+    fn three_reordered_fools_classic_but_not_rack_within_its_window() {
+        // RACK has seen reordering once already (a 1-reordered segment
+        // it did not retransmit), so its window is min_RTT/4 = 250 us.
+        let mut log = clean(10_000);
+        late(&mut log, 1000, 5, 1);
+        // 3-reordered, 100 us late: under the window.
+        late(&mut log, 20_000, 100, 3);
+        assert_eq!(spurious(&log, "classic"), 1);
+        assert_eq!(spurious(&log, "rack-tlp"), 0);
+        // 400 us late: over the window, RACK retransmits too.
+        late(&mut log, 40_000, 400, 3);
+        assert_eq!(spurious(&log, "rack-tlp"), 1);
+        assert_eq!(spurious(&log, "classic"), 2);
+        // Its DSACK widens the window to 2 x 250 us: the same event again
+        // passes.
+        late(&mut log, 60_000, 400, 3);
+        assert_eq!(spurious(&log, "rack-tlp"), 1);
+    }
+
+    #[test]
+    fn before_any_reordering_rack_falls_back_to_dupthresh() {
+        let mut log = clean(10_000);
+        late(&mut log, 20_000, 100, 3);
+        assert_eq!(spurious(&log, "rack-tlp"), 1);
+        let mut log = clean(10_000);
+        late(&mut log, 20_000, 100, 2);
+        assert_eq!(spurious(&log, "rack-tlp"), 0);
+    }
+
+    #[test]
+    fn linux_adaptive_raises_its_threshold_after_the_first_event() {
+        let mut log = clean(10_000);
+        late(&mut log, 20_000, 100, 5);
+        late(&mut log, 40_000, 100, 5);
+        late(&mut log, 60_000, 100, 9);
+        assert_eq!(spurious(&log, "classic"), 3);
+        // The first 5-reordered event raises it to 6: the second passes;
+        // 9 is beyond it.
+        assert_eq!(spurious(&log, "linux-adaptive"), 2);
+    }
+
+    #[test]
+    fn spurious_recoveries_cost_goodput() {
+        let mut log = clean(100_000);
+        for i in 0..20 {
+            late(&mut log, 50_000 + i * 40_000, 100, 4);
+        }
+        let r = replay(&log, TraceRtt::Observed(None), &cfg());
+        let classic = &r.policies[0];
+        assert_eq!(classic.recovery_episodes, 20);
+        assert!(classic.estimated_goodput_bps < 0.9e9, "{classic:?}");
+        assert!(r.rack_vs_classic.unwrap() > 1.0);
+    }
+}

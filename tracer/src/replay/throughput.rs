@@ -1,0 +1,255 @@
+//! What a sender's congestion window makes of a sequence of recovery
+//! episodes: a CUBIC (RFC 8312: β = 0.7, C = 0.4) and a Reno window
+//! simulated round trip by round trip, and the closed-form response
+//! functions (Mathis, Padhye, RFC 8312's CUBIC average window) as a
+//! cross-check. Windows are in segments, rates in bits per second.
+
+/// RFC 8312 constants.
+pub const CUBIC_BETA: f64 = 0.7;
+pub const CUBIC_C: f64 = 0.4;
+
+/// The link a window simulation runs over.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Path {
+    pub rtt_s: f64,
+    pub mss_bytes: f64,
+    /// Bottleneck rate: the window never delivers more.
+    pub bottleneck_bps: f64,
+}
+
+impl Path {
+    /// The window that fills the bottleneck.
+    pub fn bdp_segments(&self) -> f64 {
+        self.bottleneck_bps * self.rtt_s / (8.0 * self.mss_bytes)
+    }
+
+    fn rate(&self, window: f64) -> f64 {
+        (window * self.mss_bytes * 8.0 / self.rtt_s).min(self.bottleneck_bps)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Congestion {
+    Cubic,
+    Reno,
+}
+
+/// When the window is reduced.
+#[derive(Clone, Copy, Debug)]
+pub enum Reductions<'a> {
+    /// At these times (seconds from the start, ascending): recovery
+    /// episodes replayed from a trace.
+    At(&'a [f64]),
+    /// Once every this many segments delivered (the deterministic loss
+    /// model of the response functions).
+    EverySegments(f64),
+}
+
+/// Average goodput over `duration_s` of a window that starts at
+/// `start_window` segments (at most what fills the bottleneck) and reduces
+/// at each of `reductions`. Multiplicative decrease β (CUBIC 0.7, Reno
+/// 0.5); growth per RFC 8312 §4.1 (with its TCP-friendly region) or one
+/// segment per RTT.
+pub fn simulate(
+    c: Congestion,
+    path: &Path,
+    reductions: Reductions<'_>,
+    start_window: f64,
+    duration_s: f64,
+) -> f64 {
+    if duration_s <= 0.0 || path.rtt_s <= 0.0 {
+        return 0.0;
+    }
+    let cap = path.bdp_segments().max(1.0);
+    let rtt = path.rtt_s;
+    let mut w = start_window.clamp(1.0, cap);
+    // CUBIC epoch state.
+    let (mut w_max, mut epoch_start, mut w_est) = (w, 0.0f64, w);
+    let episodes: &[f64] = match reductions {
+        Reductions::At(e) => e,
+        Reductions::EverySegments(_) => &[],
+    };
+    let mut next = episodes.iter().copied().peekable();
+    let (mut t, mut delivered_bits, mut since_loss) = (0.0f64, 0.0f64, 0.0f64);
+    while t < duration_s {
+        let step = rtt.min(duration_s - t);
+        let bits = path.rate(w) * step;
+        delivered_bits += bits;
+        since_loss += bits / (8.0 * path.mss_bytes);
+        t += step;
+        // Each episode in this round trip reduces once (one recovery).
+        let mut due = false;
+        while next.peek().is_some_and(|&e| e <= t) {
+            next.next();
+            due = true;
+        }
+        if let Reductions::EverySegments(n) = reductions {
+            if since_loss >= n {
+                since_loss -= n;
+                due = true;
+            }
+        }
+        if due {
+            match c {
+                Congestion::Reno => w = (w * 0.5).max(2.0),
+                Congestion::Cubic => {
+                    w_max = w;
+                    w = (w * CUBIC_BETA).max(2.0);
+                    epoch_start = t;
+                    w_est = w;
+                }
+            }
+            continue;
+        }
+        match c {
+            Congestion::Reno => w += 1.0,
+            Congestion::Cubic => {
+                let k = (w_max * (1.0 - CUBIC_BETA) / CUBIC_C).cbrt();
+                let elapsed = t - epoch_start + rtt;
+                let cubic = CUBIC_C * (elapsed - k).powi(3) + w_max;
+                // TCP-friendly estimate (RFC 8312 §4.2), per round trip.
+                w_est += 3.0 * (1.0 - CUBIC_BETA) / (1.0 + CUBIC_BETA);
+                w = cubic.max(w_est);
+            }
+        }
+        // Beyond the bottleneck the window only fills queues: keep it at
+        // the cap (what a real sender's losses there would enforce).
+        w = w.min(cap);
+    }
+    delivered_bits / duration_s
+}
+
+/// Standard TCP's average window at loss-event rate `p` (RFC 3649): 1.2/√p.
+pub fn reno_window(p: f64) -> f64 {
+    1.2 / p.sqrt()
+}
+
+/// Mathis et al.: rate = MSS/RTT · √(3/2) / √p.
+pub fn mathis_bps(path: &Path, p: f64) -> f64 {
+    if p <= 0.0 {
+        return path.bottleneck_bps;
+    }
+    path.rate((1.5f64).sqrt() / p.sqrt())
+}
+
+/// Padhye et al. (PFTK), with delayed ACKs (b = 2) and a 200 ms RTO.
+pub fn padhye_bps(path: &Path, p: f64) -> f64 {
+    if p <= 0.0 {
+        return path.bottleneck_bps;
+    }
+    let (b, rto, rtt) = (2.0, 0.2, path.rtt_s);
+    let denom = rtt * (2.0 * b * p / 3.0).sqrt()
+        + rto * (3.0 * (3.0 * b * p / 8.0).sqrt()).min(1.0) * p * (1.0 + 32.0 * p * p);
+    let segments_per_s = 1.0 / denom;
+    (segments_per_s * path.mss_bytes * 8.0).min(path.bottleneck_bps)
+}
+
+/// RFC 8312 Eq. 5 with its TCP-friendly floor, as in its Table 1.
+pub fn cubic_window(p: f64, rtt_s: f64) -> f64 {
+    let k = (CUBIC_C * (3.0 + CUBIC_BETA) / (4.0 * (1.0 - CUBIC_BETA))).powf(0.25);
+    (k * rtt_s.powf(0.75) / p.powf(0.75)).max(reno_window(p))
+}
+
+pub fn cubic_response_bps(path: &Path, p: f64) -> f64 {
+    if p <= 0.0 {
+        return path.bottleneck_bps;
+    }
+    path.rate(cubic_window(p, path.rtt_s))
+}
+
+/// The loss-event rate at which CUBIC's average window fills `path`.
+pub fn cubic_loss_rate_for(path: &Path) -> f64 {
+    // Bisection on log p: the window falls as p grows.
+    let target = path.bdp_segments();
+    let (mut lo, mut hi) = (-20.0f64, 0.0f64);
+    for _ in 0..100 {
+        let mid = (lo + hi) / 2.0;
+        if cubic_window(10f64.powf(mid), path.rtt_s) > target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    10f64.powf((lo + hi) / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc8312_table_1_cubic_c_0_4() {
+        // Loss rate -> average window (segments) at RTT 0.1 s.
+        for (p, want) in [
+            (1e-2, 12.0),
+            (1e-3, 38.0),
+            (1e-4, 187.0),
+            (1e-5, 1054.0),
+            (1e-6, 5926.0),
+            (1e-7, 33325.0),
+            (1e-8, 187400.0),
+        ] {
+            let got = cubic_window(p, 0.1);
+            assert!(
+                (got - want).abs() <= want * 0.005 + 0.5,
+                "p {p}: {got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn ten_gigabit_over_100_ms_needs_a_loss_rate_near_3e_8() {
+        // The seed: "reaching 10 Gbps over a 100 ms RTT requires a packet
+        // loss rate below 0.000003%".
+        let path = Path {
+            rtt_s: 0.1,
+            mss_bytes: 1448.0,
+            bottleneck_bps: 10e9,
+        };
+        let p = cubic_loss_rate_for(&path);
+        assert!((2.5e-8..3.5e-8).contains(&p), "{p}");
+    }
+
+    #[test]
+    fn closed_forms_agree_with_the_simulation_at_a_steady_loss_rate() {
+        let path = Path {
+            rtt_s: 0.1,
+            mss_bytes: 1448.0,
+            bottleneck_bps: 100e9,
+        };
+        // One loss event every 1/p segments (the formulas' loss model),
+        // long enough to forget the start.
+        for p in [1e-4, 1e-5, 1e-6] {
+            let every = Reductions::EverySegments(1.0 / p);
+            let start = cubic_window(p, 0.1);
+            let sim = simulate(Congestion::Cubic, &path, every, start, 3000.0);
+            let formula = cubic_response_bps(&path, p);
+            assert!(
+                (sim / formula - 1.0).abs() < 0.15,
+                "p {p}: sim {sim} vs {formula}"
+            );
+            let reno = simulate(Congestion::Reno, &path, every, reno_window(p), 3000.0);
+            let mathis = mathis_bps(&path, p);
+            assert!(
+                (reno / mathis - 1.0).abs() < 0.15,
+                "p {p}: reno {reno} vs {mathis}"
+            );
+            // Padhye without timeouts is Mathis with delayed ACKs.
+            assert!(padhye_bps(&path, p) < mathis);
+        }
+    }
+
+    #[test]
+    fn no_episodes_fill_the_bottleneck() {
+        let path = Path {
+            rtt_s: 0.01,
+            mss_bytes: 1448.0,
+            bottleneck_bps: 1e9,
+        };
+        for c in [Congestion::Cubic, Congestion::Reno] {
+            let r = simulate(c, &path, Reductions::At(&[]), f64::INFINITY, 5.0);
+            assert!((r - 1e9).abs() < 1.0, "{r}");
+        }
+        assert_eq!(mathis_bps(&path, 0.0), 1e9);
+    }
+}
