@@ -104,7 +104,9 @@ pub struct SegmentEvent {
 pub struct ProbeEvent {
     pub kind: u8,
     pub tcp_flags: u8,
-    pub _pad: [u8; 2],
+    /// `skb_shinfo(skb)->gso_segs`: how many wire segments GRO merged into
+    /// this skb (0 for one that was never merged).
+    pub gso_segs: u16,
     pub cpu: u32,
     pub ts_ns: u64,
     /// `skb->skb_iif`: the interface the segment arrived on.
@@ -121,6 +123,14 @@ pub struct ProbeEvent {
     pub snd_una: u32,
     pub snd_nxt: u32,
     pub rcv_nxt: u32,
+    /// The segment's TSval, when it carries the timestamp option in the
+    /// aligned layout (NOP, NOP, TS) that Linux's fast path parses
+    /// (`has_tsval`); and the socket's `rx_opt.ts_recent`. Together they
+    /// decide PAWS, which discards the segment after this tracepoint.
+    pub tsval: u32,
+    pub ts_recent: u32,
+    pub has_tsval: u8,
+    pub _pad: [u8; 7],
 }
 
 /// A segment this host retransmitted (`tcp_retransmit_skb` tracepoint).
@@ -215,6 +225,13 @@ pub struct KernelOffsets {
     pub skb_cb: u32,
     /// `sk_buff.skb_iif`.
     pub skb_iif: u32,
+    /// `sk_buff.head` and `.end` (`skb_shinfo` is at `head + end`), and
+    /// `skb_shared_info.gso_segs`.
+    pub skb_head: u32,
+    pub skb_end: u32,
+    pub shinfo_gso_segs: u32,
+    /// `sk_buff.data` (the TCP header, in the receive path).
+    pub skb_data: u32,
     /// `tcp_skb_cb.seq`, `.end_seq`, `.ack_seq`, `.tcp_flags`.
     pub tcb_seq: u32,
     pub tcb_end_seq: u32,
@@ -237,6 +254,8 @@ pub struct KernelOffsets {
     pub tp_snd_una: u32,
     pub tp_snd_nxt: u32,
     pub tp_rcv_nxt: u32,
+    /// `tcp_sock.rx_opt.ts_recent`.
+    pub tp_ts_recent: u32,
 }
 
 /// The lab's edge stage: the emulated flow-steering NIC between the lab's

@@ -64,6 +64,10 @@ mod programs {
     static KERNEL_OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
         skb_cb: 0,
         skb_iif: 0,
+        skb_head: 0,
+        skb_end: 0,
+        shinfo_gso_segs: 0,
+        skb_data: 0,
         tcb_seq: 0,
         tcb_end_seq: 0,
         tcb_ack_seq: 0,
@@ -82,6 +86,7 @@ mod programs {
         tp_snd_una: 0,
         tp_snd_nxt: 0,
         tp_rcv_nxt: 0,
+        tp_ts_recent: 0,
     });
 
     /// Counts one event from XDP. XDP runs never nest on a CPU, so a plain
@@ -360,7 +365,25 @@ mod programs {
         tcp_rtx2 = 2
     );
 
+    /// The TSval of the TCP header at `th`, if its options start with the
+    /// aligned timestamp (NOP, NOP, kind 8, length 10), as Linux's
+    /// `tcp_parse_aligned_timestamp` reads it.
     #[inline(always)]
+    unsafe fn aligned_tsval(th: *const u8) -> Result<(u8, u32), i32> {
+        let doff: u8 = unsafe { read(th, 12)? };
+        if doff >> 4 < 8 {
+            return Ok((0, 0));
+        }
+        let kind: u32 = unsafe { read(th, 20)? };
+        if kind != u32::from_ne_bytes([1, 1, 8, 10]) {
+            return Ok((0, 0));
+        }
+        let tsval: u32 = unsafe { read(th, 24)? };
+        Ok((1, u32::from_be(tsval)))
+    }
+
+    // Not inlined: its own stack frame keeps each copy's within the BPF limit.
+    #[inline(never)]
     unsafe fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<Option<ProbeEvent>, i32> {
         let sk: *const u8 = ctx.arg(0);
         let skb: *const u8 = ctx.arg(1);
@@ -378,11 +401,16 @@ mod programs {
             return Ok(None);
         }
         let (seq, end_seq, ack_seq, flags) = unsafe { skb_tcp_cb(skb, &off)? };
+        let head: *const u8 = unsafe { read(skb, off.skb_head)? };
+        let end: u32 = unsafe { read(skb, off.skb_end)? };
+        let gso_segs = unsafe { read(head, end.wrapping_add(off.shinfo_gso_segs))? };
+        let (has_tsval, tsval) = unsafe { aligned_tsval(read(skb, off.skb_data)?)? };
         let control =
             u32::from(flags & tcp_flags::SYN != 0) + u32::from(flags & tcp_flags::FIN != 0);
         Ok(Some(ProbeEvent {
             kind: kind::TCP_PROBE,
             tcp_flags: flags,
+            gso_segs,
             cpu: unsafe { bpf_get_smp_processor_id() },
             ts_ns: unsafe { bpf_ktime_get_ns() },
             ifindex: iif,
@@ -396,6 +424,9 @@ mod programs {
             snd_una: unsafe { read(sk, off.tp_snd_una)? },
             snd_nxt: unsafe { read(sk, off.tp_snd_nxt)? },
             rcv_nxt: unsafe { read(sk, off.tp_rcv_nxt)? },
+            tsval,
+            ts_recent: unsafe { read(sk, off.tp_ts_recent)? },
+            has_tsval,
             ..ProbeEvent::default()
         }))
     }

@@ -123,8 +123,13 @@ pub fn text(
     );
     let _ = writeln!(
         out,
-        "  tcp layer  {} tcp_probe events ({} late, {} duplicates), {} local retransmissions",
-        t.tcp_layer.events, t.tcp_layer.late, t.tcp_layer.duplicates, t.local_retransmit_events
+        "  tcp layer  {} tcp_probe events ({} late, {} duplicates, {} segments out-of-order queued, {} discarded by PAWS), {} local retransmissions",
+        t.tcp_layer.events,
+        t.tcp_layer.late,
+        t.tcp_layer.duplicates,
+        t.tcp_layer.ofo_segments,
+        t.tcp_layer.paws_discarded,
+        t.local_retransmit_events
     );
     if opts.replay && !s.totals.replay.policies.is_empty() {
         let _ = writeln!(

@@ -3,14 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::{
     engine::{
         order::MAX_N,
         verdict::{self, Verdict},
-        EngineConfig, FlowState, FlowTotals, Hist, Metrics, TcpLayer,
+        EngineConfig, FlowState, FlowTotals, Hist, HistData, Metrics, TcpLayer,
     },
     kernel::Counters,
     replay::Replay,
@@ -56,8 +55,9 @@ impl Distribution {
         h.get().map(Self::from_histogram).unwrap_or_default()
     }
 
-    fn from_histogram(h: &Histogram<u64>) -> Self {
-        if h.is_empty() {
+    fn from_histogram(d: &HistData) -> Self {
+        let h = &d.histogram;
+        if d.count == 0 {
             return Self::default();
         }
         let mut buckets = Vec::new();
@@ -68,20 +68,23 @@ impl Distribution {
             if count > 0 {
                 buckets.push((upper, count));
             }
-            if upper >= h.max() {
+            if upper >= d.max {
                 break;
             }
             below = upper + 1;
             upper = upper.saturating_mul(2);
         }
+        // Percentiles are within the histogram's precision; never outside
+        // what was recorded.
+        let q = |p: f64| h.value_at_quantile(p).clamp(d.min, d.max);
         Self {
-            count: h.len(),
-            min: h.min(),
-            mean: h.mean(),
-            p50: h.value_at_quantile(0.5),
-            p90: h.value_at_quantile(0.9),
-            p99: h.value_at_quantile(0.99),
-            max: h.max(),
+            count: d.count,
+            min: d.min,
+            mean: d.sum as f64 / d.count as f64,
+            p50: q(0.5),
+            p90: q(0.9),
+            p99: q(0.99),
+            max: d.max,
             buckets,
         }
     }

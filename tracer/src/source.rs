@@ -72,6 +72,27 @@ pub struct TcpProbe {
     pub snd_una: u32,
     pub snd_nxt: u32,
     pub rcv_nxt: u32,
+    /// Wire segments GRO merged into this one (0: never merged).
+    #[serde(default)]
+    pub gso_segs: u16,
+    /// The segment's TSval (aligned option layout only) and the socket's
+    /// `ts_recent`: what PAWS compares.
+    #[serde(default)]
+    pub tsval: Option<u32>,
+    #[serde(default)]
+    pub ts_recent: u32,
+}
+
+impl TcpProbe {
+    /// Whether TCP discards this segment by PAWS after the tracepoint, by
+    /// Linux's rule (`tcp_paws_check`): its TSval is more than one tick
+    /// older than `ts_recent`, and `ts_recent` is set. (The 24-day
+    /// `ts_recent` expiry and the exemption for pure ACKs do not arise for
+    /// data on a live flow.)
+    pub fn paws_rejects(&self) -> bool {
+        self.tsval
+            .is_some_and(|v| self.ts_recent != 0 && (self.ts_recent.wrapping_sub(v) as i32) > 1)
+    }
 }
 
 /// A segment this host retransmitted.
@@ -207,6 +228,9 @@ impl From<ProbeEvent> for TcpProbe {
             snd_una: e.snd_una,
             snd_nxt: e.snd_nxt,
             rcv_nxt: e.rcv_nxt,
+            gso_segs: e.gso_segs,
+            tsval: (e.has_tsval != 0).then_some(e.tsval),
+            ts_recent: e.ts_recent,
         }
     }
 }

@@ -9,7 +9,9 @@
 //! Stale entries are compacted away when the queue reaches twice the
 //! capacity, so it stays bounded and costs O(1) amortised per access.
 //! (A linked-list LRU instead touches two neighbour nodes per access:
-//! random cache misses on a stream interleaving many flows.)
+//! random cache misses on a stream interleaving many flows.) Segments come
+//! in trains of one flow (a TSO burst, a NAPI poll of one queue), so the
+//! previous access's slot is checked before the index.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -27,6 +29,8 @@ pub struct FlowTable<V> {
     /// carries that stamp.
     queue: VecDeque<(u64, u32)>,
     clock: u64,
+    /// The flow accessed last and its slot.
+    last: Option<(Flow, u32)>,
 }
 
 impl<V> FlowTable<V> {
@@ -38,6 +42,7 @@ impl<V> FlowTable<V> {
             stamps: Vec::new(),
             queue: VecDeque::new(),
             clock: 0,
+            last: None,
         }
     }
 
@@ -57,8 +62,12 @@ impl<V> FlowTable<V> {
         fresh: impl FnOnce() -> V,
     ) -> (&mut V, Option<(Flow, V)>) {
         let mut evicted = None;
-        let slot = match self.index.get(&flow) {
-            Some(&slot) => slot,
+        let known = match self.last {
+            Some((last, slot)) if last == flow => Some(slot),
+            _ => self.index.get(&flow).copied(),
+        };
+        let slot = match known {
+            Some(slot) => slot,
             None if self.slots.len() < self.cap => {
                 let slot = self.slots.len() as u32;
                 self.slots.push((flow, fresh()));
@@ -75,6 +84,7 @@ impl<V> FlowTable<V> {
                 slot
             }
         };
+        self.last = Some((flow, slot));
         self.touch(slot);
         (&mut self.slots[slot as usize].1, evicted)
     }

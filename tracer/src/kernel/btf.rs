@@ -262,8 +262,14 @@ impl Btf {
             ("sock_common", "skc_num", 2),
             ("sock_common", "skc_net", 8),
             ("sk_buff", "skb_iif", 4),
+            ("sk_buff", "head", 8),
+            ("sk_buff", "data", 8),
+            // An offset from head on 64-bit kernels (NET_SKBUFF_DATA_USES_OFFSET).
+            ("sk_buff", "end", 4),
+            ("skb_shared_info", "gso_segs", 2),
             ("tcp_sock", "srtt_us", 4),
             ("tcp_sock", "snd_cwnd", 4),
+            ("tcp_sock", "rx_opt.ts_recent", 4),
         ] {
             let got = self.size_of_member(s, m)?;
             if got != size {
@@ -283,6 +289,10 @@ impl Btf {
         Ok(KernelOffsets {
             skb_cb: self.offset_of("sk_buff", "cb")?,
             skb_iif: self.offset_of("sk_buff", "skb_iif")?,
+            skb_head: self.offset_of("sk_buff", "head")?,
+            skb_data: self.offset_of("sk_buff", "data")?,
+            skb_end: self.offset_of("sk_buff", "end")?,
+            shinfo_gso_segs: self.offset_of("skb_shared_info", "gso_segs")?,
             tcb_seq: tcb("seq")?,
             tcb_end_seq: tcb("end_seq")?,
             tcb_ack_seq: tcb("ack_seq")?,
@@ -301,6 +311,7 @@ impl Btf {
             tp_snd_una: tcp("snd_una")?,
             tp_snd_nxt: tcp("snd_nxt")?,
             tp_rcv_nxt: tcp("rcv_nxt")?,
+            tp_ts_recent: tcp("rx_opt.ts_recent")?,
         })
     }
 }
@@ -429,5 +440,7 @@ mod tests {
         assert_eq!(off.tp_snd_nxt, direct("tcp_sock", "snd_nxt"));
         assert_eq!(off.sk_v6_daddr, direct("sock_common", "skc_v6_daddr"));
         assert_eq!(off.sk_net, direct("sock_common", "skc_net"));
+        assert_eq!(off.skb_end, direct("sk_buff", "end"));
+        assert_eq!(off.shinfo_gso_segs, direct("skb_shared_info", "gso_segs"));
     }
 }

@@ -188,7 +188,7 @@ pub fn tcp_ext(names: &[&str]) -> BTreeMap<String, u64> {
 }
 
 /// Receiver counters worth showing next to the tracer's.
-pub const RECEIVER_COUNTERS: &[&str] = &["TCPOFOQueue", "TCPOFODrop", "TCPOFOMerge"];
+pub const RECEIVER_COUNTERS: &[&str] = &["TCPOFOQueue", "TCPOFODrop", "TCPOFOMerge", "PAWSEstab"];
 /// Sender counters: reordering its loss detection noticed, and spurious
 /// retransmissions the receiver reported.
 pub const SENDER_COUNTERS: &[&str] = &[
