@@ -191,6 +191,12 @@ struct LabArgs {
     /// three-duplicate-ACK sender.
     #[arg(long, value_enum, default_value_t = SenderArg::Linux)]
     sender: SenderArg,
+    /// The client's TCP sends one segment per skb (gso_max_segs 1), so
+    /// every segment has its own transmit time, as RFC 8985 (and the
+    /// replay) assume. With GSO, Linux's RACK cannot tell apart segments of
+    /// one burst, and tolerates more reordering within it.
+    #[arg(long)]
+    no_sender_gso: bool,
     /// Pace each sender to at most MBIT Mbit/s (0: unpaced). Default:
     /// 200 in pattern mode, whose userspace reorderer keeps exact order only
     /// at moderate rates; unpaced otherwise.
@@ -488,6 +494,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         ipv6: args.ipv6,
         timeout,
         pacing: (pace > 0.0).then(|| (pace * 1e6 / 8.0) as u64),
+        sender_gso: !args.no_sender_gso,
         truth_out: args.truth.clone(),
     })?;
     let opts = TracerOptions {

@@ -628,6 +628,10 @@ impl Engine {
         t.payload_bytes += u64::from(p.payload_len);
         if p.paws_rejects() {
             t.paws_discarded += 1;
+            if let Some(w) = &mut f.wire {
+                let start = w.unwrap.ext(p.seq);
+                w.log.discarded(start, start + u64::from(p.payload_len));
+            }
             return;
         }
         let seq = if p.flags & SYN != 0 {
@@ -812,6 +816,8 @@ fn wire_update(
             bytes_above: l.byte_offset,
             fack_distance: w.order.next_exp().saturating_sub(a.start),
             start: a.start,
+            after_retransmission: out.class == Class::Duplicate,
+            discarded: false,
         });
     }
     if let (Class::Retransmission, Some(l)) = (out.class, out.late) {

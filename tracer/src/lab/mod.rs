@@ -356,6 +356,13 @@ pub struct LabSpec {
     pub timeout: std::time::Duration,
     /// Per-flow sender pacing, bytes per second (None: unpaced).
     pub pacing: Option<u64>,
+    /// Whether the client's TCP may send multi-segment (GSO) skbs. Linux
+    /// stamps all segments of one skb with one transmit time, so RACK
+    /// cannot tell them apart, and its reordering timer waits at least two
+    /// jiffies: within a burst it tolerates far more reordering than
+    /// RFC 8985's per-segment times. Off (`gso_max_segs 1`): one segment
+    /// per skb, as the replay models.
+    pub sender_gso: bool,
     /// Write every segment leaving the edge (and every table change) here,
     /// as JSON lines.
     pub truth_out: Option<std::path::PathBuf>,
@@ -374,6 +381,7 @@ impl LabSpec {
             ipv6: false,
             timeout: std::time::Duration::from_secs(30),
             pacing: None,
+            sender_gso: true,
             truth_out: None,
         }
     }
@@ -408,6 +416,18 @@ impl Lab {
             queues: spec.queues,
         })?;
         in_netns(&topo.client_ns, || spec.sender.apply())??;
+        if !spec.sender_gso {
+            ip(&[
+                "-n",
+                &topo.client_ns,
+                "link",
+                "set",
+                "dev",
+                CLIENT_IF,
+                "gso_max_segs",
+                "1",
+            ])?;
+        }
         let edge = Edge::start(&topo, spec.mode, spec.truth_out.as_deref())?;
         Ok(Self {
             upload: None,

@@ -251,6 +251,29 @@ fn set_max_pacing_rate(stream: &TcpStream, bytes_per_sec: u64) -> Result<()> {
     Ok(())
 }
 
+/// The congestion control the lab's senders run: CUBIC, what the replay
+/// models (a host's default may differ: this machine's is BBR, which also
+/// paces). Set per socket, which root may do for any built-in algorithm.
+pub const CONGESTION_CONTROL: &str = "cubic";
+
+fn set_congestion_control(stream: &TcpStream, name: &str) -> Result<()> {
+    // SAFETY: a valid socket and a byte string of the given length.
+    let ret = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if ret != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("setting TCP_CONGESTION to {name}"));
+    }
+    Ok(())
+}
+
 fn send(
     ns: &str,
     to: SocketAddr,
@@ -263,6 +286,7 @@ fn send(
         TcpStream::connect_timeout(&to, Duration::from_secs(5))
     })?
     .with_context(|| format!("lab client connecting to {to}"))?;
+    set_congestion_control(&stream, CONGESTION_CONTROL)?;
     stream.set_write_timeout(Some(POLL))?;
     stream.set_read_timeout(Some(POLL))?;
     if let Some(rate) = pacing {

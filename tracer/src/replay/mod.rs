@@ -15,6 +15,8 @@
 //!   `distance` segment-times before the one that overtook it;
 //! * ACKs return after half the round trip, the receiver ACKs every
 //!   segment with SACK, and DSACKs every duplicate (as Linux does);
+//! * a late original the receiving TCP discarded (PAWS, seen at its
+//!   `tcp_probe`) was lost, for every policy;
 //! * a policy retransmits a segment the moment it marks it lost; the
 //!   retransmission is spurious if the original arrives after that moment
 //!   (a DSACK then reaches the sender when the second copy arrives);
@@ -43,6 +45,14 @@ pub struct LateOriginal {
     pub fack_distance: u64,
     /// Its first sequence byte (extended).
     pub start: u64,
+    /// It arrived after a retransmission of it had filled its hole (that
+    /// retransmission was spurious).
+    pub after_retransmission: bool,
+    /// The receiving TCP discarded it (PAWS: its timestamp was more than a
+    /// tick older than the latest in-order one's) before any retransmission
+    /// filled its hole: to the sender it was lost, however it arrived on
+    /// the wire.
+    pub discarded: bool,
 }
 
 /// A hole that a retransmission filled.
@@ -52,6 +62,10 @@ pub struct Refill {
     pub filled_ns: u64,
     pub start: u64,
 }
+
+/// How many of the latest late originals a TCP-layer discard is matched
+/// against.
+const DISCARD_SEARCH: usize = 256;
 
 /// Most events kept per flow; more are counted in `FlowLog::dropped`.
 pub const MAX_EVENTS: usize = 1 << 18;
@@ -135,6 +149,17 @@ impl FlowLog {
             self.late.push(late);
         } else {
             self.dropped += 1;
+        }
+    }
+
+    /// The receiving TCP discarded `[start, end)`: the late originals in it
+    /// count as lost. (They were logged microseconds before: only the most
+    /// recent entries are searched.)
+    pub fn discarded(&mut self, start: u64, end: u64) {
+        for l in self.late.iter_mut().rev().take(DISCARD_SEARCH) {
+            if !l.after_retransmission && (start..end).contains(&l.start) {
+                l.discarded = true;
+            }
         }
     }
 
@@ -295,10 +320,12 @@ pub fn default_policies(cfg: &ReplayConfig) -> Vec<Policy> {
         Policy::LinuxAdaptive {
             initial: dupthresh,
             max: 300,
+            undo: true,
         },
         Policy::RackTlp {
             dupthresh,
             reo_wnd_mult: cfg.reo_wnd_mult.unwrap_or(1),
+            undo: true,
         },
     ]
 }

@@ -26,12 +26,23 @@ pub enum Policy {
     /// The same, with the threshold raised to the reordering degree each
     /// time reordering is seen (Linux before RACK: tcp_reordering up to
     /// tcp_max_reordering).
-    LinuxAdaptive { initial: u32, max: u32 },
+    ///
+    /// `undo` (both Linux policies): timestamp-based spurious recovery
+    /// detection as Linux does it (RFC 3522 Eifel detection; RFC 3708 with
+    /// DSACK). Once an ACK for an original sent before the episode's first
+    /// retransmission arrives, no further segment is retransmitted in that
+    /// episode; an episode whose retransmissions all prove spurious is
+    /// undone: no congestion window reduction.
+    LinuxAdaptive { initial: u32, max: u32, undo: bool },
     /// RFC 8985 RACK-TLP: time-based marking with reo_wnd =
     /// reo_wnd_mult · min_RTT/4 (at most SRTT), DSACK-driven growth that
     /// persists 16 recoveries, a zero window while SACKed >= DupThresh
     /// before any reordering is seen, and tail loss probes after 2·SRTT.
-    RackTlp { dupthresh: u32, reo_wnd_mult: u32 },
+    RackTlp {
+        dupthresh: u32,
+        reo_wnd_mult: u32,
+        undo: bool,
+    },
 }
 
 impl Policy {
@@ -51,12 +62,14 @@ pub struct PolicyOutcome {
     pub policy: Policy,
     /// Late originals it would have retransmitted before they arrived.
     pub spurious_retransmissions: u64,
-    /// Loss recoveries (congestion window reductions), spurious or not.
+    /// Loss recoveries, spurious or not.
     pub recovery_episodes: u64,
     pub spurious_recovery_episodes: u64,
+    /// Spurious recoveries undone (their window reduction reverted).
+    pub undone_recovery_episodes: u64,
     /// Tail loss probes sent (RACK-TLP only: arrival gaps over 2·SRTT).
     pub loss_probes: u64,
-    /// Recovery episodes per data segment.
+    /// Window reductions (recoveries not undone) per data segment.
     pub loss_event_rate: f64,
     /// CUBIC (β 0.7, C 0.4) driven by its episodes, capped by the
     /// bottleneck: the trace's recovery pattern repeated over at least
@@ -74,6 +87,7 @@ impl PolicyOutcome {
         self.spurious_retransmissions += o.spurious_retransmissions;
         self.recovery_episodes += o.recovery_episodes;
         self.spurious_recovery_episodes += o.spurious_recovery_episodes;
+        self.undone_recovery_episodes += o.undone_recovery_episodes;
         self.loss_probes += o.loss_probes;
         self.estimated_goodput_bps += o.estimated_goodput_bps;
         self.reno_goodput_bps += o.reno_goodput_bps;
@@ -103,6 +117,19 @@ struct Recovery {
     /// Spacing of those retransmissions, ns.
     rtx_interval: u64,
     rtt: u64,
+    /// Linux's undo (see [`Policy::LinuxAdaptive`]).
+    undo: bool,
+    /// The current episode: its first retransmission; when an original
+    /// sent before it was delivered (no retransmission after that); whether
+    /// it retransmitted a real loss.
+    first_rtx: Option<u64>,
+    stop_at: u64,
+    real: bool,
+    undone: u64,
+    /// The current episode's retransmissions, and its late originals
+    /// delivered so far (they clock out retransmissions too).
+    episode_rtx: u64,
+    episode_delivered: u64,
 }
 
 /// What became of a segment marked lost.
@@ -121,11 +148,35 @@ enum Marked {
 const PRR_RATIO: f64 = 0.7;
 
 impl Recovery {
-    fn new(a: &Assumptions) -> Self {
+    fn new(a: &Assumptions, undo: bool) -> Self {
         Self {
             rtx_interval: (a.send_interval_us * 1000.0 / PRR_RATIO) as u64,
             rtt: (a.rtt_us * 1000.0) as u64,
+            undo,
+            stop_at: u64::MAX,
             ..Self::default()
+        }
+    }
+
+    /// Closes the current episode: undone if undo applies and it
+    /// retransmitted no real loss.
+    fn close_episode(&mut self) {
+        if self.active && self.undo && !self.real {
+            self.undone += 1;
+            self.starts.pop();
+        }
+        self.active = false;
+    }
+
+    /// An original arrived at `t` (late, or delivered in the normal
+    /// course): with undo, once it postdates the episode's first
+    /// retransmission, the episode retransmits nothing more.
+    fn original_delivered(&mut self, t: u64) {
+        if self.in_recovery(t) {
+            self.episode_delivered += 1;
+        }
+        if self.undo && self.in_recovery(t) && self.first_rtx.is_some_and(|s| s < t) {
+            self.stop_at = self.stop_at.min(t);
         }
     }
 
@@ -134,9 +185,21 @@ impl Recovery {
     }
 
     /// A segment is marked lost at `marked`; its original arrives at
-    /// `original` (None: it was lost).
-    fn lost(&mut self, marked: u64, original: Option<u64>) -> Marked {
+    /// `original.0` with `original.1` segments received above it then (None:
+    /// it was lost).
+    ///
+    /// Retransmissions are ACK-clocked (RFC 6937 PRR, in its slow-start
+    /// reduction bound: marking many segments lost empties the pipe): one
+    /// per segment delivered in the episode, so a retransmission goes out
+    /// before its original arrives only if enough was delivered by then.
+    fn lost(&mut self, marked: u64, original: Option<(u64, u64)>) -> Marked {
         if !self.in_recovery(marked) {
+            self.close_episode();
+            self.first_rtx = None;
+            self.stop_at = u64::MAX;
+            self.real = false;
+            self.episode_rtx = 0;
+            self.episode_delivered = 0;
             self.active = true;
             self.episodes += 1;
             self.spurious_episodes += u64::from(original.is_some());
@@ -145,23 +208,36 @@ impl Recovery {
             self.rtx_clock = marked;
         }
         let sent = self.rtx_clock.max(marked);
-        match original {
-            Some(arrived) if arrived <= sent => {
+        let outcome = match original {
+            Some((arrived, above))
+                if arrived <= sent
+                    || sent >= self.stop_at
+                    || self.episode_rtx >= above + self.episode_delivered =>
+            {
                 self.until = self.until.max(arrived);
                 Marked::NotSent
             }
-            Some(arrived) => {
+            Some((arrived, _)) => {
+                self.episode_rtx += 1;
                 self.rtx_clock = sent + self.rtx_interval;
                 self.until = self.until.max(arrived.min(sent + self.rtt));
                 self.spurious += 1;
+                self.first_rtx.get_or_insert(sent);
                 Marked::Spurious { sent }
             }
             None => {
+                self.episode_rtx += 1;
                 self.rtx_clock = sent + self.rtx_interval;
                 self.until = self.until.max(sent + self.rtt);
+                self.first_rtx.get_or_insert(sent);
+                self.real = true;
                 Marked::Real
             }
+        };
+        if let Some((arrived, _)) = original {
+            self.original_delivered(arrived);
         }
+        outcome
     }
 }
 
@@ -187,7 +263,19 @@ fn events(log: &FlowLog) -> Vec<Event<'_>> {
     // A refill whose original arrived later was a spurious retransmission
     // that won the race, not a loss.
     let originals: HashSet<u64> = log.late.iter().map(|l| l.start).collect();
-    let mut ev: Vec<Event<'_>> = log.late.iter().map(Event::Late).collect();
+    let mut ev: Vec<Event<'_>> = log
+        .late
+        .iter()
+        .map(|l| {
+            if l.discarded {
+                Event::Loss {
+                    opened: l.overtaken_ns,
+                }
+            } else {
+                Event::Late(l)
+            }
+        })
+        .collect();
     ev.extend(
         log.refills
             .iter()
@@ -224,7 +312,11 @@ impl Policy {
         let mss = u64::from(a.mss_bytes.max(1));
         let tau = (a.send_interval_us * 1000.0) as u64;
         let rtt = (a.rtt_us * 1000.0) as u64;
-        let mut r = Recovery::new(a);
+        let undo = match *self {
+            Policy::Classic { .. } => false,
+            Policy::LinuxAdaptive { undo, .. } | Policy::RackTlp { undo, .. } => undo,
+        };
+        let mut r = Recovery::new(a, undo);
         let mut probes = 0;
         match *self {
             Policy::Classic { dupthresh } => {
@@ -232,7 +324,7 @@ impl Policy {
                     classic_step(&mut r, &e, dupthresh, mss, tau);
                 }
             }
-            Policy::LinuxAdaptive { initial, max } => {
+            Policy::LinuxAdaptive { initial, max, .. } => {
                 // (time, threshold from then on)
                 let mut history: Vec<(u64, u32)> = vec![(0, initial)];
                 for e in events(log) {
@@ -254,12 +346,14 @@ impl Policy {
             Policy::RackTlp {
                 dupthresh,
                 reo_wnd_mult,
+                ..
             } => {
                 rack(&mut r, log, a, dupthresh, reo_wnd_mult);
                 let pto = 2 * rtt + PTO_FLOOR_NS;
                 probes = log.gaps_over(pto);
             }
         }
+        r.close_episode();
         self.outcome(r, probes, log, a)
     }
 
@@ -269,7 +363,7 @@ impl Policy {
             mss_bytes: f64::from(a.mss_bytes.max(1)),
             bottleneck_bps: a.bottleneck_bps,
         };
-        let p = r.episodes as f64 / log.data_segments.max(1) as f64;
+        let p = (r.episodes - r.undone) as f64 / log.data_segments.max(1) as f64;
         // Steady state: the trace's pattern of recoveries, repeated until
         // the window has had STEADY_RTTS round trips to settle.
         let horizon = a.duration_s.max(STEADY_RTTS * path.rtt_s);
@@ -291,6 +385,7 @@ impl Policy {
             spurious_retransmissions: r.spurious,
             recovery_episodes: r.episodes,
             spurious_recovery_episodes: r.spurious_episodes,
+            undone_recovery_episodes: r.undone,
             loss_probes: probes,
             loss_event_rate: p,
             estimated_goodput_bps: sim(Congestion::Cubic),
@@ -310,7 +405,9 @@ fn classic_step(r: &mut Recovery, e: &Event<'_>, thr: u32, mss: u64, tau: u64) {
         Event::Late(l) => {
             if l.bytes_above > (thr - 1) * mss {
                 let marked = (l.overtaken_ns + (thr - 1) * tau).min(l.arrived_ns);
-                r.lost(marked, Some(l.arrived_ns));
+                r.lost(marked, Some((l.arrived_ns, l.bytes_above / mss)));
+            } else {
+                r.original_delivered(l.arrived_ns);
             }
         }
         Event::Loss { opened, .. } => {
@@ -379,8 +476,9 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
                     by_window
                 };
                 let outcome = if l.arrived_ns > marked {
-                    r.lost(marked, Some(l.arrived_ns))
+                    r.lost(marked, Some((l.arrived_ns, l.bytes_above / mss)))
                 } else {
+                    r.original_delivered(l.arrived_ns);
                     Marked::NotSent
                 };
                 match outcome {
@@ -448,6 +546,7 @@ mod tests {
             bytes_above: above * u64::from(MSS),
             fack_distance: (above + 1) * u64::from(MSS),
             start: at_us,
+            ..Default::default()
         });
     }
 
@@ -497,6 +596,29 @@ mod tests {
         // passes.
         late(&mut log, 60_000, 400, 3);
         assert_eq!(spurious(&log, "rack-tlp"), 1);
+    }
+
+    #[test]
+    fn a_late_original_tcp_discarded_is_a_loss_for_every_policy() {
+        let mut log = clean(10_000);
+        late(&mut log, 20_000, 5_000, 40);
+        let before = replay(&log, TraceRtt::Observed(None), &cfg());
+        // PAWS at the receiver, seen at its tcp_probe: [start, start + 1).
+        log.discarded(20_000, 20_001);
+        let after = replay(&log, TraceRtt::Observed(None), &cfg());
+        for (b, a) in before.policies.iter().zip(&after.policies) {
+            assert_eq!(b.spurious_retransmissions, 1, "{}", b.name);
+            assert_eq!(
+                (
+                    a.spurious_retransmissions,
+                    a.recovery_episodes,
+                    a.spurious_recovery_episodes
+                ),
+                (0, 1, 0),
+                "{}",
+                a.name
+            );
+        }
     }
 
     #[test]
