@@ -166,7 +166,8 @@ enum LabModeArg {
 enum SenderArg {
     /// This kernel's defaults (RACK-TLP).
     Linux,
-    /// tcp_recovery=0, tcp_max_reordering=3, tcp_early_retrans=0.
+    /// Fixed three-duplicate-ACK NewReno: tcp_sack=0, tcp_reordering=3,
+    /// tcp_max_reordering=3, tcp_early_retrans=0.
     Classic,
 }
 
@@ -532,11 +533,17 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     drop(lab);
     let outcome = outcome?;
     if let Ok(l) = &lab_outcome {
-        // The senders are this host's sockets: the replay uses their RTTs.
+        // The senders are this host's sockets: the replay uses their RTTs
+        // (the smoothed one as it was during the transfer).
         for r in &l.flows {
+            let srtt = if r.mean_srtt_us > 0 {
+                r.mean_srtt_us
+            } else {
+                r.srtt_us
+            };
             engine.set_sender_rtt(
                 &r.flow,
-                u64::from(r.srtt_us) * 1000,
+                u64::from(srtt) * 1000,
                 u64::from(r.min_rtt_us) * 1000,
             );
         }

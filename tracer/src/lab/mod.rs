@@ -318,15 +318,19 @@ pub enum Sender {
     /// reordering threshold.
     #[default]
     Linux,
-    /// A fixed three-duplicate-ACK sender: `tcp_recovery=0` (no RACK),
-    /// `tcp_max_reordering=3` (the threshold never adapts above 3),
-    /// `tcp_early_retrans=0` (no tail loss probes).
+    /// A fixed three-duplicate-ACK sender. Linux 6.17 removed its RFC 6675
+    /// SACK recovery (`tcp_recovery=0` now leaves RACK on), so: no SACK
+    /// (`tcp_sack=0`: RFC 6582 NewReno, three duplicate ACKs), a threshold
+    /// that never adapts (`tcp_reordering=3`, `tcp_max_reordering=3`) and no
+    /// tail loss probes (`tcp_early_retrans=0`). Without SACK there is no
+    /// DSACK: its spurious retransmissions are the duplicates the receiver
+    /// counts (`DelayedACKLost`).
     Classic,
 }
 
 impl Sender {
     const CLASSIC: [(&'static str, &'static str); 4] = [
-        ("/proc/sys/net/ipv4/tcp_recovery", "0"),
+        ("/proc/sys/net/ipv4/tcp_sack", "0"),
         ("/proc/sys/net/ipv4/tcp_reordering", "3"),
         ("/proc/sys/net/ipv4/tcp_max_reordering", "3"),
         ("/proc/sys/net/ipv4/tcp_early_retrans", "0"),

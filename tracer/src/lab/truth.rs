@@ -188,7 +188,15 @@ pub fn tcp_ext(names: &[&str]) -> BTreeMap<String, u64> {
 }
 
 /// Receiver counters worth showing next to the tracer's.
-pub const RECEIVER_COUNTERS: &[&str] = &["TCPOFOQueue", "TCPOFODrop", "TCPOFOMerge", "PAWSEstab"];
+pub const RECEIVER_COUNTERS: &[&str] = &[
+    "TCPOFOQueue",
+    "TCPOFODrop",
+    "TCPOFOMerge",
+    "PAWSEstab",
+    // Segments received entirely below rcv_nxt: duplicates (a spurious
+    // retransmission or its late original), DSACKed when SACK is on.
+    "DelayedACKLost",
+];
 /// Sender counters: reordering its loss detection noticed, and spurious
 /// retransmissions the receiver reported.
 pub const SENDER_COUNTERS: &[&str] = &[

@@ -54,6 +54,10 @@ pub struct FlowResult {
     pub srtt_us: u32,
     pub min_rtt_us: u32,
     pub reordering: u32,
+    /// The sender's `tcpi_rtt` averaged over the transfer (sampled after
+    /// every write): the round trip its loss detection worked with, which
+    /// queueing can make far longer than the one at the end.
+    pub mean_srtt_us: u32,
 }
 
 /// One accepted connection: peer, bytes read, the socket's tcp_info.
@@ -63,6 +67,7 @@ struct Sent {
     local: SocketAddr,
     sent: u64,
     info: Option<libc::tcp_info>,
+    mean_srtt_us: u32,
 }
 
 /// A running upload: client threads write, server threads read and count.
@@ -159,6 +164,7 @@ impl Upload {
                     srtt_us: s.info.map_or(0, |i| i.tcpi_rtt),
                     min_rtt_us: s.info.map_or(0, |i| i.tcpi_min_rtt),
                     reordering: s.info.map_or(0, |i| i.tcpi_reordering),
+                    mean_srtt_us: s.mean_srtt_us,
                 }
             })
             .collect())
@@ -295,10 +301,16 @@ fn send(
     let local = stream.local_addr()?;
     let chunk = vec![0x5au8; CHUNK];
     let mut sent = 0u64;
+    let mut srtt = (0u64, 0u64);
     while sent < bytes && !expired(deadline, stop) {
         let n = (bytes - sent).min(CHUNK as u64) as usize;
         match stream.write(&chunk[..n]) {
-            Ok(w) => sent += w as u64,
+            Ok(w) => {
+                sent += w as u64;
+                if let Ok(i) = tcp_info(&stream) {
+                    srtt = (srtt.0 + u64::from(i.tcpi_rtt), srtt.1 + 1);
+                }
+            }
             Err(e) if transient(&e) => {}
             // The server stopped reading (its deadline came first): the
             // flow ends here with what it sent.
@@ -324,6 +336,7 @@ fn send(
         local,
         sent,
         info: tcp_info(&stream).ok(),
+        mean_srtt_us: srtt.0.checked_div(srtt.1).unwrap_or(0) as u32,
     })
 }
 
