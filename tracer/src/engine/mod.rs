@@ -30,7 +30,7 @@ use crate::{
 use density::{BufferDensity, ReorderDensity};
 use flows::FlowTable;
 
-use crate::replay::{self, FlowLog, LateOriginal, Refill, Replay, ReplayConfig};
+use crate::replay::{self, FlowLog, LateOriginal, Refill, Replay, ReplayConfig, TcpArrival};
 use order::{Arrival, Class, Late, OrderDetector, Outcome, Unwrap, MAX_N};
 use tracer_common::tcp_flags::{ACK, RST, SYN};
 
@@ -626,12 +626,24 @@ impl Engine {
         let t = &mut f.tcp_layer;
         t.events += 1;
         t.payload_bytes += u64::from(p.payload_len);
-        if p.paws_rejects() {
-            t.paws_discarded += 1;
-            if let Some(w) = &mut f.wire {
-                let start = w.unwrap.ext(p.seq);
-                w.log.discarded(start, start + u64::from(p.payload_len));
+        let paws = p.paws_rejects();
+        if let Some(w) = &mut f.wire {
+            let start = w.unwrap.ext(p.seq);
+            let end = start + u64::from(p.payload_len);
+            if paws {
+                w.log.discarded(start, end);
             }
+            w.log.tcp_arrival(TcpArrival {
+                t_ns: p.ts_ns,
+                start,
+                end,
+                tsval: p.tsval,
+                paws,
+                retransmitted_until: start,
+            });
+        }
+        if paws {
+            t.paws_discarded += 1;
             return;
         }
         let seq = if p.flags & SYN != 0 {
@@ -797,6 +809,9 @@ fn wire_update(
     if out.index.is_some() {
         w.log.arrival(s.ts_ns, s.payload_len);
     }
+    if let (Class::InOrder, Some(v)) = (out.class, a.tsval) {
+        w.log.tick(a.start, v, s.ts_ns);
+    }
     let late_original = match out.class {
         Class::Reordered => out.late,
         Class::Duplicate => out.behind_retransmission,
@@ -819,6 +834,11 @@ fn wire_update(
             after_retransmission: out.class == Class::Duplicate,
             discarded: false,
         });
+    }
+    if out.class == Class::Retransmission {
+        w.log.wire_retransmission(a.start, a.end);
+    } else {
+        w.log.wire_original(a.start, a.end);
     }
     if let (Class::Retransmission, Some(l)) = (out.class, out.late) {
         w.log.refill(Refill {

@@ -211,6 +211,9 @@ pub const SENDER_COUNTERS: &[&str] = &[
     "TCPFullUndo",
     "TCPPartialUndo",
     "TCPDSACKUndo",
+    // Tail loss probes sent, and those a DSACK showed unnecessary.
+    "TCPLossProbes",
+    "TCPLossProbeRecovery",
 ];
 
 #[cfg(test)]

@@ -24,6 +24,7 @@
 //!   and ends when the hole it is about fills; every episode reduces the
 //!   congestion window once (no undo).
 
+pub mod acks;
 pub mod policy;
 pub mod throughput;
 
@@ -55,6 +56,45 @@ pub struct LateOriginal {
     pub discarded: bool,
 }
 
+/// Data as the receiving TCP processed it (one skb, GRO-merged or not):
+/// what its ACK told the sender.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpArrival {
+    /// Nanoseconds from the flow's first data segment.
+    pub t_ns: u64,
+    /// Sequence range (extended, as the wire view numbers it).
+    pub start: u64,
+    pub end: u64,
+    pub tsval: Option<u32>,
+    /// Discarded by PAWS: a duplicate ACK only.
+    pub paws: bool,
+    /// Up to here (from `start`) the wire view classed the data's copies
+    /// retransmissions (IP ID, timestamps): the real sender's, not
+    /// originals. GRO may have merged originals after them.
+    pub retransmitted_until: u64,
+}
+
+/// The first segment with a new TSval: its sender's timestamp clock had
+/// just ticked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TickMark {
+    pub seq: u64,
+    pub tsval: u32,
+    /// When it arrived (nanoseconds from the flow's first data segment).
+    pub arrived_ns: u64,
+}
+
+/// The ACK-level replay's record of one flow.
+#[derive(Clone, Debug, Default)]
+pub struct AckLog {
+    /// The receiver's TCP-layer arrivals, in its processing order.
+    pub tcp: Vec<TcpArrival>,
+    /// The sender's timestamp ticks, seen in new data.
+    pub ticks: Vec<TickMark>,
+    /// The latest wire segments classed retransmissions.
+    pub recent_retransmissions: std::collections::VecDeque<(u64, u64)>,
+}
+
 /// A hole that a retransmission filled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Refill {
@@ -67,6 +107,11 @@ pub struct Refill {
 /// against.
 const DISCARD_SEARCH: usize = 256;
 
+/// Most TCP-layer arrivals and timestamp ticks kept per flow for the
+/// ACK-level replay (about 0.7 MB; some 200 MB of a flow's data at GRO's
+/// usual merging); more are counted in `FlowLog::dropped`.
+pub const MAX_ACK_EVENTS: usize = 1 << 14;
+
 /// Most events kept per flow; more are counted in `FlowLog::dropped`.
 pub const MAX_EVENTS: usize = 1 << 18;
 
@@ -75,6 +120,10 @@ pub const MAX_EVENTS: usize = 1 << 18;
 pub struct FlowLog {
     pub late: Vec<LateOriginal>,
     pub refills: Vec<Refill>,
+    /// What the ACK-level RACK replay runs on, once the receiver's TCP
+    /// layer is traced for this flow (none: nothing is kept, nothing
+    /// costs).
+    pub acks: Option<Box<AckLog>>,
     /// Events not kept (over [`MAX_EVENTS`]): the replay undercounts.
     pub dropped: u64,
     /// Gaps between consecutive data arrivals, counted in buckets a factor
@@ -97,6 +146,7 @@ impl Default for FlowLog {
         Self {
             late: Vec::new(),
             refills: Vec::new(),
+            acks: None,
             dropped: 0,
             gaps: [0; GAP_BUCKETS],
             data_segments: 0,
@@ -160,6 +210,72 @@ impl FlowLog {
             if !l.after_retransmission && (start..end).contains(&l.start) {
                 l.discarded = true;
             }
+        }
+    }
+
+    /// The wire saw a retransmission of [start, end).
+    pub fn wire_retransmission(&mut self, start: u64, end: u64) {
+        if let Some(a) = &mut self.acks {
+            if a.recent_retransmissions.len() == 256 {
+                a.recent_retransmissions.pop_front();
+            }
+            a.recent_retransmissions.push_back((start, end));
+        }
+    }
+
+    /// The wire saw an original copy of [start, end): a later TCP-layer
+    /// arrival of it is that copy, not an earlier retransmission.
+    pub fn wire_original(&mut self, start: u64, end: u64) {
+        if let Some(a) = &mut self.acks {
+            if !a.recent_retransmissions.is_empty() {
+                a.recent_retransmissions
+                    .retain(|&(s, e)| e <= start || s >= end);
+            }
+        }
+    }
+
+    /// The receiving TCP processed `arrival` (`t_ns` absolute here).
+    pub fn tcp_arrival(&mut self, mut arrival: TcpArrival) {
+        let Some(first) = self.first_ns else {
+            return;
+        };
+        let a = self.acks.get_or_insert_with(Box::default);
+        // The retransmitted prefix of the skb.
+        let mut until = arrival.start;
+        while let Some(&(_, e)) = a
+            .recent_retransmissions
+            .iter()
+            .find(|&&(s, e)| s <= until && e > until)
+        {
+            until = e.min(arrival.end);
+            if until == arrival.end {
+                break;
+            }
+        }
+        arrival.retransmitted_until = until;
+        arrival.t_ns = arrival.t_ns.saturating_sub(first);
+        if a.tcp.len() < MAX_ACK_EVENTS {
+            a.tcp.push(arrival);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    /// New data at `seq` carried `tsval`, arriving at `ts_ns` (absolute).
+    pub fn tick(&mut self, seq: u64, tsval: u32, ts_ns: u64) {
+        let (Some(first), Some(a)) = (self.first_ns, &mut self.acks) else {
+            return;
+        };
+        let newer = a
+            .ticks
+            .last()
+            .is_none_or(|m| (tsval.wrapping_sub(m.tsval) as i32) > 0);
+        if newer && a.ticks.len() < MAX_ACK_EVENTS {
+            a.ticks.push(TickMark {
+                seq,
+                tsval,
+                arrived_ns: ts_ns.saturating_sub(first),
+            });
         }
     }
 

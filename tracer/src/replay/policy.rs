@@ -11,6 +11,7 @@ use std::{cmp::Reverse, collections::BinaryHeap, collections::HashSet};
 use serde::Serialize;
 
 use super::{
+    acks,
     throughput::{self, Congestion, Path, Reductions},
     Assumptions, FlowLog, LateOriginal,
 };
@@ -348,7 +349,24 @@ impl Policy {
                 reo_wnd_mult,
                 ..
             } => {
-                rack(&mut r, log, a, dupthresh, reo_wnd_mult);
+                // ACK by ACK when the receiver's TCP layer and the sender's
+                // timestamps are in the trace; else from the late originals.
+                let ack_level = log.acks.as_deref().and_then(|l| {
+                    acks::SendClock::new(&l.ticks)
+                        .filter(|_| !l.tcp.is_empty())
+                        .map(|c| (l, c))
+                });
+                match ack_level {
+                    Some((l, clock)) => {
+                        let o = acks::run(&l.tcp, clock, a, dupthresh, reo_wnd_mult);
+                        r.spurious = o.spurious;
+                        r.episodes = o.episodes;
+                        r.spurious_episodes = o.spurious_episodes;
+                        r.undone = o.undone;
+                        r.starts = o.starts;
+                    }
+                    None => rack(&mut r, log, a, dupthresh, reo_wnd_mult),
+                }
                 let pto = 2 * rtt + PTO_FLOOR_NS;
                 probes = log.gaps_over(pto);
             }
