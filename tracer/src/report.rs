@@ -288,7 +288,7 @@ fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions) {
 fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
     let _ = writeln!(
         out,
-        "{indent}(replay is experimental: against Linux senders in the lab, within 30% at 200 re-points/s; RACK-TLP over-predicts up to 3x at 20/s; see the README)"
+        "{indent}(replay is experimental: against Linux senders in the lab within 30% at 200 re-points/s, within a factor 2 at 20/s; see the README)"
     );
     if let Some(a) = &r.assumptions {
         let from = |s: Source| match s {

@@ -107,7 +107,7 @@ impl<'a> SendClock<'a> {
         match (i.checked_sub(1).map(|j| &self.marks[j]), self.marks.get(i)) {
             (Some(a), Some(b)) => {
                 let frac = (t as f64 - at(a)) / (at(b) - at(a)).max(1.0);
-                a.seq + (frac.clamp(0.0, 1.0) * (b.seq - a.seq) as f64) as u64
+                a.seq + (frac.clamp(0.0, 1.0) * b.seq.saturating_sub(a.seq) as f64) as u64
             }
             (Some(a), None) => a.seq,
             (None, _) => self.marks[0].seq,
@@ -145,7 +145,8 @@ impl<'a> SendClock<'a> {
         let frac = match self.marks.get(i + 1) {
             Some(n) if n.seq > m.seq => {
                 let per_tick = f64::from(n.tsval.wrapping_sub(m.tsval)).max(1.0);
-                (seq - m.seq) as f64 / (n.seq - m.seq) as f64 * per_tick
+                // (Before the first tick: extrapolated back.)
+                (seq as f64 - m.seq as f64) / (n.seq - m.seq) as f64 * per_tick
             }
             _ => 0.0,
         };

@@ -108,9 +108,10 @@ pub struct Refill {
 const DISCARD_SEARCH: usize = 256;
 
 /// Most TCP-layer arrivals and timestamp ticks kept per flow for the
-/// ACK-level replay (about 0.7 MB; some 200 MB of a flow's data at GRO's
-/// usual merging); more are counted in `FlowLog::dropped`.
-pub const MAX_ACK_EVENTS: usize = 1 << 14;
+/// ACK-level replay (about 6 MB; some 190 MB of a flow's data when GRO
+/// merges nothing, more when it does); more are counted in
+/// `FlowLog::dropped` and not replayed.
+pub const MAX_ACK_EVENTS: usize = 1 << 17;
 
 /// Most events kept per flow; more are counted in `FlowLog::dropped`.
 pub const MAX_EVENTS: usize = 1 << 18;
