@@ -268,16 +268,15 @@ fn lossy_upload(queues: u32, side: Side) -> (lab::Lab, tests::Recorded) {
 
 /// The sender's side: forced drops make the client retransmit; the
 /// retransmissions traced by `tcp_retransmit_skb` add up to the bytes the
-/// sending socket itself says it retransmitted (`tcpi_bytes_retrans`),
-/// short by at most one segment per tail loss probe (one may leave after
-/// the tracer stopped), and XDP sees the receiver's SACK blocks in the
-/// returning ACKs.
+/// sending socket itself says it retransmitted (`tcpi_bytes_retrans`;
+/// one segment of slack, see below), and XDP sees the receiver's SACK
+/// blocks in the returning ACKs.
 #[test]
 fn local_retransmissions_match_the_senders_own_count() {
     if !root_or_skip("local_retransmissions_match_the_senders_own_count") {
         return;
     }
-    let (lab, (outcome, seen, results, _)) = lossy_upload(2, Side::Client);
+    let (_lab, (outcome, seen, results, _)) = lossy_upload(2, Side::Client);
     let flow = &results[0];
     assert_eq!(flow.received, 16 << 20);
     assert_eq!(outcome.counters.dropped(), 0);
@@ -302,22 +301,14 @@ fn local_retransmissions_match_the_senders_own_count() {
             u64::from(r.end_seq.wrapping_sub(r.seq).wrapping_sub(control))
         })
         .sum();
-    // Seen once in CI: one segment short (111,496 vs 112,944 bytes). The
-    // only retransmission the tracer can miss with no event lost is one
-    // after it stopped: a tail loss probe for the last segment, sent while
-    // the upload closes. Each probe is one segment; the sender's namespace
-    // counts them.
-    let probes = lab::in_netns(&lab.topo.client_ns, || {
-        lab::truth::tcp_ext(&["TCPLossProbes"])
-            .get("TcpExtTCPLossProbes")
-            .copied()
-            .unwrap_or(0)
-    })
-    .unwrap();
-    let unseen = flow.bytes_retrans - traced.min(flow.bytes_retrans);
+    // Equal in every run here; once in CI one 1,448-byte retransmission
+    // (111,496 vs 112,944 bytes) was not traced although no event was lost
+    // (cause not found; tail loss probes do pass the tracepoint). A segment
+    // of slack, not more.
+    let unseen = flow.bytes_retrans.saturating_sub(traced);
     assert!(
-        traced <= flow.bytes_retrans && unseen <= probes * 1448,
-        "{} retransmit events: {traced} bytes traced, the sender {} with {probes} loss probes",
+        traced <= flow.bytes_retrans && unseen <= 1448,
+        "{} retransmit events: {traced} bytes traced, the sender {}",
         rtx.len(),
         flow.bytes_retrans
     );
