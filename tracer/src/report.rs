@@ -204,12 +204,14 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
             let a = &f.attribution;
             let _ = writeln!(
                 out,
-                "    tracer   {} reordered, {} overtaken on another queue or CPU, verdict {}; {} queue migrations; {} arrived above a hole",
+                "    tracer   {} reordered, {} overtaken on another queue or CPU, verdict {}; {} queue migrations; {} arrived above a hole, {} queued out of order and {} discarded by PAWS at the TCP layer",
                 f.reordered,
                 a.different_queue + a.different_cpu + a.different_queue_and_cpu,
                 f.verdict,
                 f.queue_migrations,
-                f.above_hole
+                f.above_hole,
+                f.tcp_layer.ofo_segments,
+                f.tcp_layer.paws_discarded
             );
             if let Some(r) = f.replay.as_ref().filter(|_| opts.replay) {
                 let predicted: Vec<_> = r
