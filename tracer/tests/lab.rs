@@ -223,7 +223,9 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
 
 /// Segment by segment: what the edge made late, the tracer calls
 /// reordered, or saw arrive in order at the server (re-interleaved on the
-/// way); it misclassifies (almost) none.
+/// way), or saw arrive behind its own retransmission (which overtook it
+/// after the edge: measured 7 of 1,168 once); it misclassifies (almost)
+/// none.
 #[test]
 fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
     if !root_or_skip("every_segment_the_edge_made_late_is_reordered_or_arrived_in_order") {
@@ -250,16 +252,39 @@ fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
     let late = edge_late_segments(&truth);
     let mut classes = std::collections::BTreeMap::<String, u64>::new();
     let mut seen = HashSet::new();
+    // Late segments whose retransmission reached the server first (it
+    // overtook them after the edge): their first arrival is rightly a
+    // retransmission if the original then arrives behind it, as its IP ID
+    // (the sender numbers packets in sending order) shows.
+    let mut retransmission_first = std::collections::HashMap::new();
+    let mut original_behind = 0;
     let mut engine = Engine::new(EngineConfig::default());
     for line in BufReader::new(std::fs::File::open(&obs).unwrap()).lines() {
         let o: Observation = serde_json::from_str(&line.unwrap()).unwrap();
         if let (Some(c), Observation::Segment(s)) = (engine.observe_obs(&o), &o) {
+            if !late.contains(&s.seq) {
+                continue;
+            }
             // The first arrival of each late segment.
-            if late.contains(&s.seq) && seen.insert(s.seq) {
-                *classes.entry(format!("{:?}", c.class)).or_default() += 1;
+            if seen.insert(s.seq) {
+                if c.class == Class::Retransmission {
+                    retransmission_first.insert(s.seq, s.ip_id);
+                } else {
+                    *classes.entry(format!("{:?}", c.class)).or_default() += 1;
+                }
+            } else if let Some(&Some(first)) = retransmission_first.get(&s.seq) {
+                let sent_before = s
+                    .ip_id
+                    .is_some_and(|id| (first.wrapping_sub(id) as i16) > 0);
+                if c.class == Class::Duplicate && sent_before {
+                    retransmission_first.remove(&s.seq);
+                    original_behind += 1;
+                }
             }
         }
     }
+    *classes.entry("RetransmissionFirst".into()).or_default() += original_behind;
+    *classes.entry("Retransmission".into()).or_default() += retransmission_first.len() as u64;
     std::fs::remove_dir_all(&dir).unwrap();
     eprintln!(
         "{} late at the edge; at the server: {classes:?}",
@@ -269,7 +294,11 @@ fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
     let total = late.len() as u64;
     assert!(total > 100);
     assert_eq!(classes.values().sum::<u64>(), total, "every one arrived");
-    assert!(count(Class::Reordered) + count(Class::InOrder) >= total - total / 200);
+    let overtaken_by_retransmission = classes.get("RetransmissionFirst").copied().unwrap_or(0);
+    assert!(
+        count(Class::Reordered) + count(Class::InOrder) + overtaken_by_retransmission
+            >= total - total / 200
+    );
     assert!(count(Class::InOrder) <= total / 5);
     assert_clean();
 }
