@@ -40,13 +40,22 @@ use common::{root_or_skip, BIN};
 
 /// Runs `tracer lab --json --quiet ARGS`; the report.
 fn lab_json(args: &[&str]) -> Value {
+    lab_json_exits(args, &[0])
+}
+
+/// The same, accepting these exit codes (3: events lost, counted).
+fn lab_json_exits(args: &[&str], codes: &[i32]) -> Value {
     let out = Command::new(BIN)
         .args(["lab", "--json", "--quiet"])
         .args(args)
         .output()
         .expect("run tracer lab");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "tracer lab {args:?}: {stderr}");
+    let code = out.status.code();
+    assert!(
+        code.is_some_and(|c| codes.contains(&c)),
+        "tracer lab {args:?} exited {code:?}: {stderr}"
+    );
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("JSON ({e}): {stderr}"))
 }
 
@@ -101,6 +110,13 @@ fn u(v: &Value) -> u64 {
 }
 
 /// |a - b| <= share * b.
+/// Whether the tracer's TCP-layer view of a flow is whole: this kernel
+/// sometimes runs no program for `tcp_probe` on a CPU for milliseconds
+/// without counting a miss (issue 2), and the report marks such flows.
+fn tcp_layer_whole(f: &Value) -> bool {
+    u(&f["tcp_layer"]["payload_bytes"]) * 1000 >= u(&f["payload_bytes"]) * 999
+}
+
 fn within(a: u64, b: u64, share: f64) -> bool {
     (a as f64 - b as f64).abs() <= share * b as f64
 }
@@ -124,10 +140,12 @@ fn off_mode_reports_no_reordering() {
             let (ah, ooo) = (u(&f["above_hole"]), u(&sockets["rcv_ooopack"]));
             let tcp_ofo = u(&f["tcp_layer"]["ofo_segments"]);
             assert!(within(ah, ooo, 0.02), "above_hole {ah}, rcv_ooopack {ooo}");
-            assert!(
-                within(tcp_ofo, ooo, 0.005),
-                "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}"
-            );
+            if tcp_layer_whole(f) {
+                assert!(
+                    within(tcp_ofo, ooo, 0.005),
+                    "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}"
+                );
+            }
             // Replayed, a trace without reordering fools no sender.
             for p in f["replay"]["policies"].as_array().unwrap() {
                 assert_eq!(u(&p["spurious_retransmissions"]), 0, "{}", p["name"]);
@@ -175,10 +193,13 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
             }
             // Measured: 83% to 101% (the shortfall is segments the
             // server's two CPUs put back in order on the way in; the
-            // segment-by-segment test checks each one).
+            // segment-by-segment test checks each one). With IPv6 the
+            // ambiguous ones may also be late retransmissions.
             let decided_or_not = found + ambiguous;
+            let retransmitted = if ipv6 { u(&sockets["retransmits"]) } else { 0 };
             assert!(
-                decided_or_not <= late + late / 20 && decided_or_not >= late * 7 / 10,
+                decided_or_not <= late + late / 20 + retransmitted
+                    && decided_or_not >= late * 7 / 10,
                 "tracer {found} + {ambiguous} vs edge {late}"
             );
             assert!(a["steered_share"].as_f64().unwrap() >= 0.95);
@@ -191,11 +212,13 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
                 "queue migrations {qm} vs {qc}"
             );
             // The kernel's own count, by its own rule, at the TCP layer
-            // (measured: equal).
-            assert!(
-                within(tcp_ofo, ooo, 0.005),
-                "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}"
-            );
+            // (measured: equal, when the view is whole).
+            if tcp_layer_whole(f) {
+                assert!(
+                    within(tcp_ofo, ooo, 0.005),
+                    "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}"
+                );
+            }
             // At XDP, before the server's two NAPI contexts re-interleave
             // the queues, which can only add holes for TCP (measured: 3%
             // over to 24% under).
@@ -213,8 +236,9 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
             .sum();
         let kernel_paws = u(&r["lab"]["receiver_counters"]["TcpExtPAWSEstab"]);
         eprintln!("rate {rate}: PAWS {paws} vs PAWSEstab {kernel_paws}");
+        let whole = flows(&r).iter().all(|(f, _, _)| tcp_layer_whole(f));
         assert!(
-            within(paws, kernel_paws, 0.005),
+            within(paws, kernel_paws, 0.005) || (!whole && paws <= kernel_paws),
             "PAWS {paws} vs PAWSEstab {kernel_paws}"
         );
         assert_clean();
@@ -515,20 +539,34 @@ fn replay_predictions_agree_with_the_linux_senders() {
         "--ring-mib",
         "64",
     ];
-    let r = lab_json(&[&base[..], &["--rate", "200"]].concat());
+    // Events lost (exit 3, counted) leave the TCP-layer view partial: the
+    // replay then falls back, as checked below.
+    let r = lab_json_exits(&[&base[..], &["--rate", "200"]].concat(), &[0, 3]);
     let dsacked: u64 = flows(&r).iter().map(|(_, _, s)| u(&s["dsack_dups"])).sum();
     let rack = predicted(&r, "rack-tlp");
     eprintln!("rack-tlp at 200/s: predicted {rack}, DSACKed {dsacked}");
     assert!(dsacked > 500, "little spurious retransmission: {dsacked}");
+    // The ACK-level replay needs the whole TCP-layer view; the kernel
+    // sometimes skips tcp_probe programs unannounced (issue 2), and then
+    // the replay falls back to the wire model.
+    let whole = flows(&r).iter().all(|(f, _, _)| tcp_layer_whole(f));
+    assert_eq!(
+        whole,
+        flows(&r)
+            .iter()
+            .all(|(f, _, _)| f["replay"]["assumptions"]["rack_ack_level"] == true),
+        "the replay uses the TCP layer exactly when it is whole"
+    );
     assert!(
-        within(rack, dsacked, 0.30),
+        !whole || within(rack, dsacked, 0.30),
         "rack-tlp {rack} vs DSACKed {dsacked}"
     );
     assert_clean();
     // Classic (fixed three duplicate ACKs, no SACK so no DSACK): against
     // the duplicates the receiving kernel counted.
     for rate in ["50", "200"] {
-        let r = lab_json(&[&base[..], &["--rate", rate, "--sender", "classic"]].concat());
+        let args = [&base[..], &["--rate", rate, "--sender", "classic"]].concat();
+        let r = lab_json_exits(&args, &[0, 3]);
         let duplicates = u(&r["lab"]["receiver_counters"]["TcpExtDelayedACKLost"]);
         let classic = predicted(&r, "classic");
         eprintln!("classic at {rate}/s: predicted {classic}, receiver duplicates {duplicates}");

@@ -439,7 +439,10 @@ impl FlowState {
         self.wire
             .as_ref()
             .filter(|w| w.log.data_segments > 0)
-            .map(|w| replay::replay(&w.log, path, cfg))
+            .map(|w| {
+                let whole = self.tcp_layer.payload_bytes * 1000 >= w.m.payload_bytes * 999;
+                replay::replay(&w.log, path, cfg, whole)
+            })
     }
 }
 

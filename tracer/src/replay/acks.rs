@@ -856,6 +856,7 @@ mod tests {
             mss_bytes: MSS as u32,
             send_interval_us: 10.0,
             duration_s: 0.05,
+            rack_ack_level: true,
         }
     }
 

@@ -368,6 +368,9 @@ pub struct Assumptions {
     /// Mean spacing of the sender's segments.
     pub send_interval_us: f64,
     pub duration_s: f64,
+    /// RACK-TLP replayed ACK by ACK from the receiver's TCP layer (it is
+    /// traced, and whole), else from the wire's late originals.
+    pub rack_ack_level: bool,
 }
 
 /// RTT when neither the trace nor the user gives one.
@@ -414,6 +417,7 @@ impl ReplayConfig {
                 0.0
             },
             duration_s,
+            rack_ack_level: false,
         }
     }
 }
@@ -447,9 +451,17 @@ pub fn default_policies(cfg: &ReplayConfig) -> Vec<Policy> {
     ]
 }
 
-/// Replays one flow through every default policy.
-pub fn replay(log: &FlowLog, trace: TraceRtt, cfg: &ReplayConfig) -> Replay {
-    let a = cfg.assumptions(log, trace);
+/// Replays one flow through every default policy. `tcp_layer_whole`: the
+/// receiver's TCP-layer view covers what the wire saw (this kernel
+/// sometimes skips its tracepoint programs unannounced); the ACK-level
+/// replay needs it.
+pub fn replay(log: &FlowLog, trace: TraceRtt, cfg: &ReplayConfig, tcp_layer_whole: bool) -> Replay {
+    let mut a = cfg.assumptions(log, trace);
+    a.rack_ack_level = tcp_layer_whole
+        && log
+            .acks
+            .as_deref()
+            .is_some_and(|l| !l.tcp.is_empty() && l.ticks.len() >= 2);
     let policies: Vec<PolicyOutcome> = default_policies(cfg)
         .iter()
         .map(|p| p.run(log, &a))

@@ -351,11 +351,15 @@ impl Policy {
             } => {
                 // ACK by ACK when the receiver's TCP layer and the sender's
                 // timestamps are in the trace; else from the late originals.
-                let ack_level = log.acks.as_deref().and_then(|l| {
-                    acks::SendClock::new(&l.ticks)
-                        .filter(|_| !l.tcp.is_empty())
-                        .map(|c| (l, c))
-                });
+                let ack_level = log
+                    .acks
+                    .as_deref()
+                    .filter(|_| a.rack_ack_level)
+                    .and_then(|l| {
+                        acks::SendClock::new(&l.ticks)
+                            .filter(|_| !l.tcp.is_empty())
+                            .map(|c| (l, c))
+                    });
                 match ack_level {
                     Some((l, clock)) => {
                         let o = acks::run(&l.tcp, clock, a, dupthresh, reo_wnd_mult);
@@ -569,7 +573,7 @@ mod tests {
     }
 
     fn spurious(log: &FlowLog, name: &str) -> u64 {
-        replay(log, TraceRtt::Observed(None), &cfg())
+        replay(log, TraceRtt::Observed(None), &cfg(), false)
             .policies
             .iter()
             .find(|p| p.name == name)
@@ -579,7 +583,7 @@ mod tests {
 
     #[test]
     fn a_clean_trace_has_no_spurious_event_under_any_policy() {
-        let r = replay(&clean(10_000), TraceRtt::Observed(None), &cfg());
+        let r = replay(&clean(10_000), TraceRtt::Observed(None), &cfg(), false);
         for p in &r.policies {
             assert_eq!(
                 (
@@ -620,10 +624,10 @@ mod tests {
     fn a_late_original_tcp_discarded_is_a_loss_for_every_policy() {
         let mut log = clean(10_000);
         late(&mut log, 20_000, 5_000, 40);
-        let before = replay(&log, TraceRtt::Observed(None), &cfg());
+        let before = replay(&log, TraceRtt::Observed(None), &cfg(), false);
         // PAWS at the receiver, seen at its tcp_probe: [start, start + 1).
         log.discarded(20_000, 20_001);
-        let after = replay(&log, TraceRtt::Observed(None), &cfg());
+        let after = replay(&log, TraceRtt::Observed(None), &cfg(), false);
         for (b, a) in before.policies.iter().zip(&after.policies) {
             assert_eq!(b.spurious_retransmissions, 1, "{}", b.name);
             assert_eq!(
@@ -667,7 +671,7 @@ mod tests {
         for i in 0..20 {
             late(&mut log, 50_000 + i * 40_000, 100, 4);
         }
-        let r = replay(&log, TraceRtt::Observed(None), &cfg());
+        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false);
         let classic = &r.policies[0];
         assert_eq!(classic.recovery_episodes, 20);
         assert!(classic.estimated_goodput_bps < 0.9e9, "{classic:?}");
