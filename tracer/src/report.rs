@@ -301,24 +301,30 @@ fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
         };
         let _ = writeln!(
             out,
-            "{indent}replay     RTT {:.0} µs ({}), min_RTT {:.0} µs, bottleneck {:.0} Mbit/s ({}), MSS {}, {:.2} s",
+            "{indent}replay     RTT {:.0} µs ({}), min_RTT {:.0} µs, bottleneck {:.0} Mbit/s ({}), MSS {}, {:.2} s; RACK-TLP {}",
             a.rtt_us,
             from(a.rtt_from),
             a.min_rtt_us,
             a.bottleneck_bps / 1e6,
             from(a.bottleneck_from),
             a.mss_bytes,
-            a.duration_s
+            a.duration_s,
+            if a.rack_ack_level {
+                "ACK by ACK over the receiver's TCP layer"
+            } else {
+                "from the wire's late originals"
+            }
         );
     }
     for p in &r.policies {
         let _ = writeln!(
             out,
-            "{indent}  {:<15} {:>7} spurious retransmissions, {:>5} recoveries ({} spurious), {} loss probes -> {:.0} Mbit/s (Reno {:.0}, response functions: Mathis {:.0}, CUBIC {:.0})",
+            "{indent}  {:<15} {:>7} spurious retransmissions, {:>5} recoveries ({} spurious, {} undone), {} loss probes -> {:.0} Mbit/s (Reno {:.0}, response functions: Mathis {:.0}, CUBIC {:.0})",
             p.name,
             p.spurious_retransmissions,
             p.recovery_episodes,
             p.spurious_recovery_episodes,
+            p.undone_recovery_episodes,
             p.loss_probes,
             p.estimated_goodput_bps / 1e6,
             p.reno_goodput_bps / 1e6,
