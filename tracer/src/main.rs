@@ -15,7 +15,9 @@ use tracer::{
     kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
     record::{self, Outcome, RecordOptions, Sink, StopReason},
-    report, Filter, SetupError,
+    report,
+    snapshot::Snapshot,
+    Filter, SetupError,
 };
 
 #[derive(Parser)]
@@ -321,7 +323,7 @@ fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
     )?;
     drop(tracer);
     print_report(
-        &engine,
+        &engine.snapshot().with_kernel(&outcome.counters),
         &outcome,
         &header(&opts, &outcome),
         &args.trace,
@@ -353,16 +355,15 @@ fn collect(
 
 /// The final report, text or JSON; `extra` is added to the JSON's top level.
 fn print_report(
-    engine: &Engine,
+    snapshot: &Snapshot,
     outcome: &Outcome,
     header: &str,
     trace: &TraceArgs,
     extra: Option<(&str, serde_json::Value)>,
 ) {
     let (json, show_replay) = (trace.json, trace.replay);
-    let snapshot = engine.snapshot().with_kernel(&outcome.counters);
     if json {
-        let mut v = serde_json::to_value(&snapshot).expect("snapshot serialises");
+        let mut v = serde_json::to_value(snapshot).expect("snapshot serialises");
         if let Some((key, value)) = extra {
             v[key] = value;
         }
@@ -371,7 +372,7 @@ fn print_report(
         print!(
             "{}",
             report::text(
-                &snapshot,
+                snapshot,
                 &outcome.counters,
                 outcome.elapsed,
                 header,
@@ -556,8 +557,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             serde_json::to_value(l).expect("lab outcome serialises"),
         )
     });
+    // One snapshot for both reports: it runs every flow's replay.
+    let snapshot = engine.snapshot().with_kernel(&outcome.counters);
     print_report(
-        &engine,
+        &snapshot,
         &outcome,
         &header(&opts, &outcome),
         &args.trace,
@@ -568,7 +571,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         let opts = report::TextOptions {
             replay: args.trace.replay,
         };
-        print!("{}", report::lab(&engine.snapshot(), &lab_outcome, opts));
+        print!("{}", report::lab(&snapshot, &lab_outcome, opts));
     }
     finish(&outcome, out.as_ref(), args.trace.json)
 }

@@ -342,7 +342,7 @@ fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
 /// segments; XDP is the complete view), how much it saw.
 fn tcp_layer_hole(f: &FlowReport) -> String {
     let (tcp, wire) = (f.tcp_layer.payload_bytes, f.payload_bytes);
-    if f.tcp_layer.events == 0 || tcp * 1000 >= wire * 999 {
+    if f.tcp_layer.events == 0 || f.tcp_layer.covers(wire) {
         return String::new();
     }
     format!(

@@ -413,6 +413,13 @@ pub struct TcpLayer {
 }
 
 impl TcpLayer {
+    /// Whether this view covers (99.9% of) the `wire_bytes` XDP saw: this
+    /// kernel sometimes runs no tcp_probe program for a while without
+    /// counting a miss.
+    pub fn covers(&self, wire_bytes: u64) -> bool {
+        self.payload_bytes * 1000 >= wire_bytes * 999
+    }
+
     fn add(&mut self, o: &TcpLayer) {
         self.events += o.events;
         self.payload_bytes += o.payload_bytes;
@@ -439,10 +446,7 @@ impl FlowState {
         self.wire
             .as_ref()
             .filter(|w| w.log.data_segments > 0)
-            .map(|w| {
-                let whole = self.tcp_layer.payload_bytes * 1000 >= w.m.payload_bytes * 999;
-                replay::replay(&w.log, path, cfg, whole)
-            })
+            .map(|w| replay::replay(&w.log, path, cfg, self.tcp_layer.covers(w.m.payload_bytes)))
     }
 }
 
@@ -838,10 +842,12 @@ fn wire_update(
             discarded: false,
         });
     }
-    if out.class == Class::Retransmission {
-        w.log.wire_retransmission(a.start, a.end);
-    } else {
-        w.log.wire_original(a.start, a.end);
+    match out.class {
+        Class::Retransmission => w.log.wire_retransmission(a.start, a.end),
+        // Only a late copy can overlap an earlier retransmission; new data
+        // (the per-segment common case) costs nothing here.
+        Class::InOrder => {}
+        _ => w.log.wire_original(a.start, a.end),
     }
     if let (Class::Retransmission, Some(l)) = (out.class, out.late) {
         w.log.refill(Refill {

@@ -237,24 +237,36 @@ fn drain_stream(mut stream: &TcpStream, deadline: Instant, stop: &AtomicBool) ->
     total
 }
 
+/// `setsockopt(level, option)` with `value`'s bytes.
+fn set_option(stream: &TcpStream, level: i32, option: i32, value: &[u8]) -> std::io::Result<()> {
+    // SAFETY: a valid socket, and a pointer and length from one slice.
+    let ret = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            level,
+            option,
+            value.as_ptr().cast(),
+            value.len() as libc::socklen_t,
+        )
+    };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// `SO_MAX_PACING_RATE`: TCP spreads the socket's segments out to at most
 /// `bytes_per_sec` (instead of bursting a window at a time).
 fn set_max_pacing_rate(stream: &TcpStream, bytes_per_sec: u64) -> Result<()> {
     let rate = bytes_per_sec.min(u64::from(u32::MAX - 1)) as u32;
-    // SAFETY: a valid socket and a u32 option value.
-    let ret = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            (&rate as *const u32).cast(),
-            size_of::<u32>() as libc::socklen_t,
-        )
-    };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error()).context("setting SO_MAX_PACING_RATE");
-    }
-    Ok(())
+    set_option(
+        stream,
+        libc::SOL_SOCKET,
+        libc::SO_MAX_PACING_RATE,
+        &rate.to_ne_bytes(),
+    )
+    .context("setting SO_MAX_PACING_RATE")
 }
 
 /// The congestion control the lab's senders run: CUBIC, what the replay
@@ -263,21 +275,13 @@ fn set_max_pacing_rate(stream: &TcpStream, bytes_per_sec: u64) -> Result<()> {
 pub const CONGESTION_CONTROL: &str = "cubic";
 
 fn set_congestion_control(stream: &TcpStream, name: &str) -> Result<()> {
-    // SAFETY: a valid socket and a byte string of the given length.
-    let ret = unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::IPPROTO_TCP,
-            libc::TCP_CONGESTION,
-            name.as_ptr().cast(),
-            name.len() as libc::socklen_t,
-        )
-    };
-    if ret != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("setting TCP_CONGESTION to {name}"));
-    }
-    Ok(())
+    set_option(
+        stream,
+        libc::IPPROTO_TCP,
+        libc::TCP_CONGESTION,
+        name.as_bytes(),
+    )
+    .with_context(|| format!("setting TCP_CONGESTION to {name}"))
 }
 
 fn send(

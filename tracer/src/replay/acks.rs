@@ -564,12 +564,16 @@ impl Sim<'_> {
         }
     }
 
-    fn reo_wnd(&self) -> u64 {
-        let sacked: u64 = self
-            .sacked
+    /// Segments SACKed above the cumulative point.
+    fn sacked_segments(&self) -> u64 {
+        self.sacked
             .iter()
             .map(|(s, e)| (e - s).div_ceil(self.mss))
-            .sum();
+            .sum()
+    }
+
+    fn reo_wnd(&self) -> u64 {
+        let sacked = self.sacked_segments();
         if !self.reord_seen && (self.in_recovery || sacked >= self.dupthresh) {
             return 0;
         }
@@ -646,11 +650,7 @@ impl Sim<'_> {
             .max(self.highest)
             .saturating_sub(self.rcv_nxt)
             .div_ceil(self.mss);
-        let sacked: u64 = self
-            .sacked
-            .iter()
-            .map(|(s, e)| (e - s).div_ceil(self.mss))
-            .sum();
+        let sacked = self.sacked_segments();
         let lost = self
             .pieces
             .values()

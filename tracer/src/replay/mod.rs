@@ -241,17 +241,19 @@ impl FlowLog {
             return;
         };
         let a = self.acks.get_or_insert_with(Box::default);
-        // The retransmitted prefix of the skb.
+        // The retransmitted prefix of the skb; each wire retransmission is
+        // taken once, by the TCP-layer arrival that carries it.
         let mut until = arrival.start;
-        while let Some(&(_, e)) = a
-            .recent_retransmissions
-            .iter()
-            .find(|&&(s, e)| s <= until && e > until)
-        {
-            until = e.min(arrival.end);
-            if until == arrival.end {
+        while until < arrival.end {
+            let Some(i) = a
+                .recent_retransmissions
+                .iter()
+                .position(|&(s, e)| s <= until && e > until)
+            else {
                 break;
-            }
+            };
+            let (_, e) = a.recent_retransmissions.remove(i).expect("found");
+            until = e.min(arrival.end);
         }
         arrival.retransmitted_until = until;
         arrival.t_ns = arrival.t_ns.saturating_sub(first);
