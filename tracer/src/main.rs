@@ -78,6 +78,10 @@ struct TraceArgs {
     /// Replay: RACK's min_RTT in µs (default: as --rtt).
     #[arg(long, value_name = "US")]
     min_rtt: Option<f64>,
+    /// Replay: how long an ACK takes to reach the sender's TCP, in µs
+    /// (default: measured ACK by ACK in the lab, else min_RTT).
+    #[arg(long, value_name = "US")]
+    ack_delay: Option<f64>,
     /// Replay: the bottleneck in Mbit/s (default: the flow's peak rate
     /// over 10 ms).
     #[arg(long, value_name = "MBIT")]
@@ -122,6 +126,7 @@ impl TraceArgs {
         let replay = tracer::replay::ReplayConfig {
             rtt_us: positive("--rtt", self.rtt, 60e6)?,
             min_rtt_us: positive("--min-rtt", self.min_rtt, 60e6)?,
+            ack_delay_us: positive("--ack-delay", self.ack_delay, 60e6)?,
             bandwidth_bps: positive("--bandwidth", self.bandwidth, 1e7)?.map(|m| m * 1e6),
             dupthresh: whole("--dupthresh", self.dupthresh)?,
             reo_wnd_mult: whole("--reo-wnd-mult", self.reo_wnd_mult)?,
@@ -298,6 +303,7 @@ fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
         xdp_mode: args.trace.xdp_mode,
         filter,
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
+        xdp: true,
     };
     let mut engine = args.trace.engine()?;
     tracer::require_root()?;
@@ -505,6 +511,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         xdp_mode: args.trace.xdp_mode,
         filter: Filter::default(),
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
+        xdp: true,
     };
     let mut tracer = Tracer::attach(&opts)?;
     eprintln!(
@@ -547,6 +554,9 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
                 u64::from(srtt) * 1000,
                 u64::from(r.min_rtt_us) * 1000,
             );
+            if let Some(acks) = l.sender_acks.acks.get(&r.flow) {
+                engine.set_sender_acks(&r.flow, acks);
+            }
         }
     }
     // What was traced is reported even when the lab's own bookkeeping

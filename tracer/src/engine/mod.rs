@@ -647,6 +647,7 @@ impl Engine {
                 tsval: p.tsval,
                 paws,
                 retransmitted_until: start,
+                rcv_nxt: p.rcv_nxt,
             });
         }
         if paws {
@@ -725,6 +726,14 @@ impl Engine {
 
     pub fn flow_state(&self, flow: &Flow) -> Option<&FlowState> {
         self.flows.peek(flow)
+    }
+
+    /// Tells the replay when the sender's socket took each ACK of `flow`
+    /// ((cumulative ACK, CLOCK_MONOTONIC ns), in its order).
+    pub fn set_sender_acks(&mut self, flow: &Flow, acks: &[(u32, u64)]) {
+        if let Some(w) = self.flows.peek_mut(flow).and_then(|f| f.wire.as_mut()) {
+            w.log.sender_acks(acks);
+        }
     }
 
     /// Tells the replay the sender's own RTTs for `flow` (a socket this

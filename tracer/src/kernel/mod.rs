@@ -39,6 +39,8 @@ pub enum XdpModeChoice {
 pub enum AttachedMode {
     Native,
     Generic,
+    /// No XDP program: the TCP tracepoints only.
+    Off,
 }
 
 impl fmt::Display for AttachedMode {
@@ -46,6 +48,7 @@ impl fmt::Display for AttachedMode {
         f.write_str(match self {
             Self::Native => "native",
             Self::Generic => "generic",
+            Self::Off => "off",
         })
     }
 }
@@ -61,6 +64,9 @@ pub struct TracerOptions {
     pub filter: Filter,
     /// Ring buffer size: a power of two, at least one page.
     pub ring_bytes: u32,
+    /// Attach `tag_rx` (XDP) too; without it only the TCP tracepoints
+    /// report, and the interface's receive path stays as it was.
+    pub xdp: bool,
 }
 
 impl TracerOptions {
@@ -71,6 +77,7 @@ impl TracerOptions {
             xdp_mode: XdpModeChoice::Auto,
             filter: Filter::default(),
             ring_bytes: DEFAULT_RING_BYTES,
+            xdp: true,
         }
     }
 }
@@ -155,11 +162,15 @@ impl Tracer {
         let [tcp_probe_fd, retransmit_fd]: [OwnedFd; 2] =
             first_copies.try_into().expect("two tracepoints");
 
-        let xdp: &mut Xdp = program(&mut ebpf, "tag_rx")?
-            .try_into()
-            .context("program tag_rx is not XDP")?;
-        xdp.load().context("loading XDP program tag_rx")?;
-        let mode = attach_xdp(xdp, ifindex, opts)?;
+        let mode = if opts.xdp {
+            let xdp: &mut Xdp = program(&mut ebpf, "tag_rx")?
+                .try_into()
+                .context("program tag_rx is not XDP")?;
+            xdp.load().context("loading XDP program tag_rx")?;
+            attach_xdp(xdp, ifindex, opts)?
+        } else {
+            AttachedMode::Off
+        };
         drop(guard);
 
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("no EVENTS map")?)?;
@@ -257,6 +268,7 @@ fn attach_xdp(xdp: &mut Xdp, ifindex: u32, opts: &TracerOptions) -> Result<Attac
         let flags = match mode {
             AttachedMode::Native => XdpMode::Driver,
             AttachedMode::Generic => XdpMode::Skb,
+            AttachedMode::Off => return Ok(()),
         };
         xdp.attach_to_if_index(ifindex, flags).map(drop)
     };

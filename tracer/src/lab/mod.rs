@@ -23,6 +23,7 @@
 
 mod edge;
 mod pattern;
+mod sender_acks;
 pub mod truth;
 mod upload;
 
@@ -36,6 +37,7 @@ use anyhow::{bail, Context, Result};
 
 pub use edge::{Edge, EdgeReport, Mode};
 pub use pattern::{HeldSegment, Pattern, PatternTruth};
+pub use sender_acks::{SenderAcks, SenderProbe};
 pub use upload::{tcp_info, FlowResult, Upload, UploadSpec};
 
 use crate::{kernel::netns::NetnsGuard, SetupError};
@@ -398,6 +400,7 @@ pub struct Lab {
     // namespaces they live in.
     upload: Option<Upload>,
     edge: Option<Edge>,
+    probe: Option<SenderProbe>,
     pub topo: Topology,
     spec: LabSpec,
 }
@@ -411,6 +414,8 @@ pub struct LabOutcome {
     /// The server's and the client's TcpExt counters (`nstat`).
     pub receiver_counters: std::collections::BTreeMap<String, u64>,
     pub sender_counters: std::collections::BTreeMap<String, u64>,
+    /// When the senders' sockets took each ACK (for the replay).
+    pub sender_acks: SenderAcks,
 }
 
 impl Lab {
@@ -436,13 +441,16 @@ impl Lab {
         Ok(Self {
             upload: None,
             edge: Some(edge),
+            probe: None,
             topo,
             spec: spec.clone(),
         })
     }
 
-    /// Starts the upload (attach the tracer first).
+    /// Starts the upload (attach the tracer first), with the sender-side
+    /// ACK probe.
     pub fn start_upload(&mut self) -> Result<()> {
+        self.probe = Some(SenderProbe::attach(&self.topo)?);
         self.upload = Some(Upload::start(
             &self.topo,
             &UploadSpec {
@@ -477,6 +485,10 @@ impl Lab {
             .take()
             .context("the lab's edge was already finished")?
             .finish()?;
+        let sender_acks = match self.probe.take() {
+            Some(p) => p.finish()?,
+            None => SenderAcks::default(),
+        };
         let receiver_counters = in_netns(&self.topo.server_ns, || {
             truth::tcp_ext(truth::RECEIVER_COUNTERS)
         })?;
@@ -489,6 +501,7 @@ impl Lab {
             edge,
             receiver_counters,
             sender_counters,
+            sender_acks,
         })
     }
 }

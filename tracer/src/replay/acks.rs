@@ -51,10 +51,10 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BTreeMap, BinaryHeap},
+    collections::{BTreeMap, BinaryHeap, HashMap},
 };
 
-use super::{Assumptions, TcpArrival, TickMark};
+use super::{AckLog, Assumptions, Source, TcpArrival, TickMark};
 
 /// What the ACK-level replay found for one flow.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -198,6 +198,9 @@ enum Wake {
 
 struct Sim<'a> {
     clock: SendClock<'a>,
+    arrivals: &'a [TcpArrival],
+    /// How long the ACK being replayed took to reach the sender.
+    ack_delay: u64,
     dupthresh: u64,
     mss: u64,
     srtt: u64,
@@ -246,19 +249,87 @@ struct Sim<'a> {
     ts_recent: Option<u32>,
 }
 
-/// Replays `arrivals` (the receiver's TCP-layer order) through RACK-TLP.
-pub fn run(
-    arrivals: &[TcpArrival],
-    clock: SendClock<'_>,
+/// Longest ACK delay taken as measured (longer: a wrapped or unrelated
+/// match).
+const MAX_ACK_DELAY_NS: u64 = 1_000_000_000;
+
+/// For each arrival, how long its ACK took to reach the sender's TCP, where
+/// the sender's side saw it: the first ACK the sender took that
+/// acknowledges exactly up to where this arrival brought the receiver (the
+/// next arrival's `rcv_nxt`). Duplicate ACKs, which say no more, are not
+/// matched.
+fn measured_ack_delays(log: &AckLog) -> Vec<Option<u64>> {
+    let tcp = &log.tcp;
+    if log.sender_acks.is_empty() {
+        return vec![None; tcp.len()];
+    }
+    let mut first: HashMap<u32, u64> = HashMap::with_capacity(log.sender_acks.len());
+    for &(ack, t) in &log.sender_acks {
+        first.entry(ack).or_insert(t);
+    }
+    (0..tcp.len())
+        .map(|i| {
+            let after = tcp.get(i + 1)?.rcv_nxt;
+            if after == tcp[i].rcv_nxt {
+                return None;
+            }
+            let at_sender = *first.get(&after)?;
+            at_sender
+                .checked_sub(tcp[i].t_ns)
+                .filter(|&d| d < MAX_ACK_DELAY_NS)
+        })
+        .collect()
+}
+
+/// The median of the measured ACK delays, if any were.
+pub fn median_ack_delay_ns(log: &AckLog) -> Option<u64> {
+    let mut d: Vec<u64> = measured_ack_delays(log).into_iter().flatten().collect();
+    if d.is_empty() {
+        return None;
+    }
+    let mid = d.len() / 2;
+    Some(*d.select_nth_unstable(mid).1)
+}
+
+/// When the sender hears of each arrival (on the replay's clock): after
+/// its own measured ACK delay where there is one (else the latest one
+/// measured), or the assumed delay; never before the ACK ahead of it (the
+/// path keeps ACKs in order).
+fn heard_times(log: &AckLog, a: &Assumptions) -> Vec<u64> {
+    let assumed = (a.ack_delay_us * 1000.0) as u64;
+    let measured = match a.ack_delay_from {
+        Source::Sender => measured_ack_delays(log),
+        _ => vec![None; log.tcp.len()],
+    };
+    let mut delay = assumed;
+    let mut last = 0;
+    log.tcp
+        .iter()
+        .zip(measured)
+        .map(|(arr, m)| {
+            delay = m.unwrap_or(delay);
+            last = (arr.t_ns + delay).max(last);
+            last
+        })
+        .collect()
+}
+
+/// Replays the receiver's TCP-layer arrivals through RACK-TLP.
+pub fn run<'a>(
+    log: &'a AckLog,
+    clock: SendClock<'a>,
     a: &Assumptions,
     dupthresh: u32,
     mult: u32,
 ) -> AckReplay {
+    let arrivals = &log.tcp[..];
     let Some(first) = arrivals.first() else {
         return AckReplay::default();
     };
     let mut s = Sim {
         clock,
+        arrivals,
+        ack_delay: 0,
         dupthresh: u64::from(dupthresh.max(1)),
         mss: u64::from(a.mss_bytes.max(1)),
         srtt: (a.rtt_us * 1000.0) as u64,
@@ -300,10 +371,11 @@ pub fn run(
             retransmission: arr.retransmitted_until >= arr.end,
         });
     }
-    let heard = s.srtt / 2;
+    let heard = heard_times(log, a);
     for (i, arr) in arrivals.iter().enumerate() {
         s.index = i;
-        let now = arr.t_ns + heard;
+        let now = heard[i];
+        s.ack_delay = now - arr.t_ns;
         s.wake_until(now);
         s.ack(arr, now);
     }
@@ -388,18 +460,14 @@ impl Sim<'_> {
         let cum = arr.start <= self.rcv_nxt;
         self.left_edge(cum, arr.tsval);
         let mut newly = 0;
-        let keys: Vec<u64> = self
-            .pieces
-            .range(..arr.end)
-            .rev()
-            .take_while(|(_, p)| p.end > arr.start)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in keys {
-            let p = self.pieces.remove(&k).expect("key from the map");
+        for (k, p) in self.take_pieces(arr.start, arr.end, |_, _, _| true) {
             newly += 1;
             match p.rtx_at {
-                Some(sent) => self.spurious(now, sent, p.episode),
+                Some(sent) => {
+                    self.spurious(now, sent, p.episode);
+                    // Its retransmission carries the rest of it.
+                    self.deliver(k, p.end);
+                }
                 // Delivered below the highest, never retransmitted.
                 None => self.reord_seen = true,
             }
@@ -480,20 +548,55 @@ impl Sim<'_> {
             })
     }
 
-    fn real_retransmission(&mut self, arr: &TcpArrival) {
+    /// Takes the pieces `wanted` that [start, end) delivers. A piece never
+    /// retransmitted keeps what lies outside the range (the real sender's
+    /// segments need not start where the replay's pieces do); one a
+    /// replayed retransmission carries goes whole.
+    fn take_pieces(
+        &mut self,
+        start: u64,
+        end: u64,
+        wanted: impl Fn(&Self, u64, &Piece) -> bool,
+    ) -> Vec<(u64, Piece)> {
         let keys: Vec<u64> = self
             .pieces
-            .range(..arr.end)
+            .range(..end)
             .rev()
-            .take_while(|(_, p)| p.end > arr.start)
-            .filter(|(k, p)| p.rtx_at.is_none() && !self.original_to_come(**k))
+            .take_while(|(_, p)| p.end > start)
+            .filter(|(k, p)| wanted(self, **k, p))
             .map(|(k, _)| *k)
             .collect();
-        if keys.is_empty() {
-            return;
-        }
+        let mut taken = Vec::with_capacity(keys.len());
         for k in keys {
-            self.pieces.remove(&k);
+            let p = self.pieces.remove(&k).expect("key from the map");
+            if p.rtx_at.is_some() {
+                taken.push((k, p));
+                continue;
+            }
+            if k < start {
+                self.pieces.insert(k, Piece { end: start, ..p });
+            }
+            if p.end > end {
+                let sent = self.clock.sent(end).max(p.sent);
+                self.pieces.insert(end, Piece { sent, ..p });
+            }
+            taken.push((
+                k.max(start),
+                Piece {
+                    end: p.end.min(end),
+                    ..p
+                },
+            ));
+        }
+        taken
+    }
+
+    fn real_retransmission(&mut self, arr: &TcpArrival) {
+        let filled = self.take_pieces(arr.start, arr.end, |s, k, p| {
+            p.rtx_at.is_none() && !s.original_to_come(k.max(arr.start))
+        });
+        if filled.is_empty() {
+            return;
         }
         self.left_edge(arr.start <= self.rcv_nxt, arr.tsval);
         self.deliver(arr.start, arr.end);
@@ -726,9 +829,12 @@ impl Sim<'_> {
     }
 
     fn retransmit(&mut self, now: u64, budget: u64) {
-        // Its ACK is back a round trip later, the round trip new data takes
-        // now.
-        let acked = now + self.fresh_rtt.max(self.min_rtt);
+        // It queues with the data sent with it, and reaches the receiver
+        // when that did (else: one round trip of the newest data).
+        let acked = match self.queued_with(now) {
+            Some(reached) => reached.max(now) + self.ack_delay,
+            None => now + self.fresh_rtt.max(self.min_rtt),
+        };
         let mut sent = Vec::new();
         for (&seq, p) in self.pieces.iter_mut() {
             if sent.len() as u64 == budget {
@@ -749,6 +855,15 @@ impl Sim<'_> {
             }
             self.wakes.push(Reverse((acked, Wake::Retransmission(seq))));
         }
+    }
+
+    /// When the data the sender sent at `now` reached the receiver (its
+    /// first copy in the trace): a retransmission sent then queues with it.
+    fn queued_with(&self, now: u64) -> Option<u64> {
+        let seq = self.clock.sent_by(now);
+        let (_, copies) = self.by_start.range(..=seq).next_back()?;
+        let c = copies.iter().find(|c| c.end > seq)?;
+        Some(self.arrivals[c.index].t_ns)
     }
 
     fn retransmission_arrives(&mut self, at_sender: u64, seq: u64) {
@@ -808,8 +923,9 @@ mod tests {
 
     /// Segments 0..n arriving at their natural time, except `late`
     /// (index, extra delay) and `lost` (never arrive as originals; the real
-    /// sender's retransmission arrives at the given time).
-    fn trace(n: u64, late: &[(u64, u64)], lost: &[(u64, u64)]) -> (Vec<TcpArrival>, Vec<TickMark>) {
+    /// sender's retransmission arrives at the given time), with the
+    /// receiver's `rcv_nxt` as each arrives.
+    fn trace(n: u64, late: &[(u64, u64)], lost: &[(u64, u64)]) -> AckLog {
         let mut arrivals: Vec<TcpArrival> = (0..n)
             .filter(|i| !lost.iter().any(|(l, _)| l == i))
             .map(|i| {
@@ -819,8 +935,8 @@ mod tests {
                     start: i * MSS,
                     end: (i + 1) * MSS,
                     tsval: Some(tsval(i)),
-                    paws: false,
                     retransmitted_until: i * MSS,
+                    ..TcpArrival::default()
                 }
             })
             .collect();
@@ -830,11 +946,24 @@ mod tests {
                 start: i * MSS,
                 end: (i + 1) * MSS,
                 tsval: Some(tsval(i) + 5),
-                paws: false,
                 retransmitted_until: (i + 1) * MSS,
+                ..TcpArrival::default()
             });
         }
         arrivals.sort_by_key(|a| a.t_ns);
+        let mut above = BTreeMap::new();
+        let mut rcv_nxt = 0;
+        for a in &mut arrivals {
+            a.rcv_nxt = rcv_nxt as u32;
+            above.insert(a.start, a.end);
+            while let Some((&s, &e)) = above.first_key_value() {
+                if s > rcv_nxt {
+                    break;
+                }
+                above.pop_first();
+                rcv_nxt = rcv_nxt.max(e);
+            }
+        }
         let ticks = (0..n)
             .filter(|i| *i == 0 || tsval(*i) != tsval(i - 1))
             .map(|i| TickMark {
@@ -843,7 +972,11 @@ mod tests {
                 arrived_ns: sent(i) + DELAY,
             })
             .collect();
-        (arrivals, ticks)
+        AckLog {
+            tcp: arrivals,
+            ticks,
+            ..AckLog::default()
+        }
     }
 
     fn assumptions() -> Assumptions {
@@ -851,6 +984,8 @@ mod tests {
             rtt_us: 100.0,
             rtt_from: Source::Given,
             min_rtt_us: 100.0,
+            ack_delay_us: 50.0,
+            ack_delay_from: Source::Given,
             bottleneck_bps: 8e8,
             bottleneck_from: Source::Given,
             mss_bytes: MSS as u32,
@@ -860,16 +995,19 @@ mod tests {
         }
     }
 
+    fn replay_log(log: &AckLog) -> AckReplay {
+        let clock = SendClock::new(&log.ticks).unwrap();
+        run(log, clock, &assumptions(), 3, 1)
+    }
+
     fn replay(late: &[(u64, u64)], lost: &[(u64, u64)]) -> AckReplay {
-        let (arrivals, ticks) = trace(5000, late, lost);
-        let clock = SendClock::new(&ticks).unwrap();
-        run(&arrivals, clock, &assumptions(), 3, 1)
+        replay_log(&trace(5000, late, lost))
     }
 
     #[test]
     fn transmit_times_come_from_the_ticks() {
-        let (_, ticks) = trace(5000, &[], &[]);
-        let clock = SendClock::new(&ticks).unwrap();
+        let log = trace(5000, &[], &[]);
+        let clock = SendClock::new(&log.ticks).unwrap();
         // 1 ms per 100 segments, on the receiver's clock (+ the delay).
         for i in [0, 150, 2_345] {
             let got = clock.sent(i * MSS) as i64;
@@ -910,5 +1048,88 @@ mod tests {
         assert_eq!(r.episodes, 1);
         assert_eq!(r.undone, 0);
         assert_eq!(r.starts.len(), 1);
+    }
+
+    #[test]
+    fn each_ack_is_heard_after_its_own_measured_delay() {
+        // Segment 10 is 35 µs late: arrivals 10..12 are duplicate ACKs.
+        let mut log = trace(20, &[(10, 35_000)], &[]);
+        // The sender took every ACK that moved rcv_nxt 80 µs after the
+        // arrival, except the one for arrival 5: 150 µs.
+        let next: Vec<u32> = log.tcp.iter().skip(1).map(|a| a.rcv_nxt).collect();
+        for (i, a) in log.tcp.iter().enumerate().take(log.tcp.len() - 1) {
+            if next[i] != a.rcv_nxt {
+                let d = if i == 5 { 150_000 } else { 80_000 };
+                log.sender_acks.push((next[i], a.t_ns + d));
+            }
+        }
+        assert_eq!(median_ack_delay_ns(&log), Some(80_000));
+        let a = Assumptions {
+            ack_delay_us: 80.0,
+            ack_delay_from: Source::Sender,
+            ..assumptions()
+        };
+        let heard = heard_times(&log, &a);
+        let t: Vec<u64> = log.tcp.iter().map(|a| a.t_ns).collect();
+        assert_eq!(heard[4], t[4] + 80_000);
+        assert_eq!(heard[5], t[5] + 150_000);
+        // Behind the slow ACK, in order: not before it.
+        assert_eq!(heard[6], heard[5]);
+        // Duplicate ACKs keep the latest delay measured.
+        let dup = log.tcp.iter().position(|a| a.start == 11 * MSS).unwrap();
+        assert_eq!(heard[dup], (t[dup] + 80_000).max(heard[dup - 1]));
+        // The last arrival has no next one to say what its ACK was.
+        let last = t.len() - 1;
+        assert_eq!(heard[last], t[last] + 80_000);
+    }
+
+    #[test]
+    fn without_measurements_every_ack_takes_the_assumed_delay() {
+        let log = trace(50, &[], &[]);
+        let heard = heard_times(&log, &assumptions());
+        assert!(log
+            .tcp
+            .iter()
+            .zip(&heard)
+            .all(|(a, h)| *h == a.t_ns + 50_000));
+        assert_eq!(median_ack_delay_ns(&log), None);
+    }
+
+    #[test]
+    fn a_real_retransmission_cut_differently_still_fills_its_hole() {
+        // Segment 2000 is lost, and the real sender's retransmission (in
+        // two pieces that do not start where the replay's piece does, as
+        // after re-segmenting) arrives before the replayed sender would
+        // retransmit. The hole must close, or no later recovery ever ends:
+        // segment 3000 is late past the window (an episode, undone), 4000
+        // and 4500 are lost (an episode each).
+        let at = sent(2001) + DELAY + 500;
+        let lost = [
+            (2000, at),
+            (4000, sent(4040) + DELAY),
+            (4500, sent(4540) + DELAY),
+        ];
+        let mut log = trace(5000, &[(3000, 400_000)], &lost);
+        let i = log.tcp.iter().position(|a| a.start == 2000 * MSS).unwrap();
+        // Sent as soon as the hole showed: the timestamp of then.
+        let whole = TcpArrival {
+            tsval: Some(tsval(2001)),
+            ..log.tcp[i]
+        };
+        let cut = 2000 * MSS + 944;
+        log.tcp[i] = TcpArrival {
+            end: cut,
+            retransmitted_until: cut,
+            ..whole
+        };
+        let tail = TcpArrival {
+            start: cut,
+            t_ns: at + 200,
+            rcv_nxt: cut as u32,
+            ..whole
+        };
+        log.tcp.insert(i + 1, tail);
+        let r = replay_log(&log);
+        assert_eq!((r.spurious, r.episodes, r.undone), (1, 3, 1));
     }
 }

@@ -72,6 +72,9 @@ pub struct TcpArrival {
     /// retransmissions (IP ID, timestamps): the real sender's, not
     /// originals. GRO may have merged originals after them.
     pub retransmitted_until: u64,
+    /// The receiver's `rcv_nxt` as it took this (32 bits, as TCP has it):
+    /// what its ACK for the previous arrival said.
+    pub rcv_nxt: u32,
 }
 
 /// The first segment with a new TSval: its sender's timestamp clock had
@@ -93,6 +96,10 @@ pub struct AckLog {
     pub ticks: Vec<TickMark>,
     /// The latest wire segments classed retransmissions.
     pub recent_retransmissions: std::collections::VecDeque<(u64, u64)>,
+    /// When the sender's socket took each ACK, when that socket is this
+    /// host's (the lab's senders): (cumulative ACK, ns from the flow's
+    /// first data segment), in its order.
+    pub sender_acks: Vec<(u32, u64)>,
 }
 
 /// A hole that a retransmission filled.
@@ -236,6 +243,19 @@ impl FlowLog {
     }
 
     /// The receiving TCP processed `arrival` (`t_ns` absolute here).
+    /// When the sender's socket took each ACK of this flow (CLOCK_MONOTONIC
+    /// ns), kept if the flow's TCP layer is traced.
+    pub fn sender_acks(&mut self, acks: &[(u32, u64)]) {
+        let (Some(first), Some(a)) = (self.first_ns, &mut self.acks) else {
+            return;
+        };
+        a.sender_acks = acks
+            .iter()
+            .filter(|&&(_, t)| t >= first)
+            .map(|&(ack, t)| (ack, t - first))
+            .collect();
+    }
+
     pub fn tcp_arrival(&mut self, mut arrival: TcpArrival) {
         let Some(first) = self.first_ns else {
             return;
@@ -327,7 +347,8 @@ fn bucket_start(b: usize) -> u64 {
 pub enum Source {
     /// Given on the command line.
     Given,
-    /// The sender's own socket (`tcp_info`), when this host runs it.
+    /// The sender's own socket, when this host runs it (`tcp_info`; for
+    /// ACK delays, the `tcp_probe` tracepoint as it takes each ACK).
     Sender,
     /// Measured from the trace (handshake, peak rate).
     Trace,
@@ -356,6 +377,10 @@ pub struct ReplayConfig {
     pub dupthresh: Option<u32>,
     /// RACK's initial reordering-window multiplier (RFC 8985: 1).
     pub reo_wnd_mult: Option<u32>,
+    /// How long after an arrival its ACK reaches the sender's TCP
+    /// (default: measured per ACK where the sender is this host's, else
+    /// min_RTT).
+    pub ack_delay_us: Option<f64>,
 }
 
 /// The path a flow's replay ran with, and where each figure came from.
@@ -364,6 +389,10 @@ pub struct Assumptions {
     pub rtt_us: f64,
     pub rtt_from: Source,
     pub min_rtt_us: f64,
+    /// How long after an arrival its ACK reached the sender's TCP (when
+    /// measured: the median; the replay then uses each ACK's own).
+    pub ack_delay_us: f64,
+    pub ack_delay_from: Source,
     pub bottleneck_bps: f64,
     pub bottleneck_from: Source,
     pub mss_bytes: u32,
@@ -402,14 +431,25 @@ impl ReplayConfig {
             ),
             None => (1e9, Source::Default),
         };
+        let min_rtt_us = self
+            .min_rtt_us
+            .or(trace_min_rtt_us)
+            .unwrap_or(rtt_us)
+            .min(rtt_us);
+        let measured = log.acks.as_deref().and_then(acks::median_ack_delay_ns);
+        let (ack_delay_us, ack_delay_from) = match (self.ack_delay_us, measured) {
+            (Some(d), _) => (d, Source::Given),
+            (None, Some(ns)) => (ns as f64 / 1000.0, Source::Sender),
+            // On the replay's clock, where the fastest segment took no time
+            // forward: an ACK that does not queue takes the whole minimum.
+            (None, None) => (min_rtt_us, Source::Default),
+        };
         Assumptions {
             rtt_us,
             rtt_from,
-            min_rtt_us: self
-                .min_rtt_us
-                .or(trace_min_rtt_us)
-                .unwrap_or(rtt_us)
-                .min(rtt_us),
+            min_rtt_us,
+            ack_delay_us,
+            ack_delay_from,
             bottleneck_bps,
             bottleneck_from,
             mss_bytes: log.max_payload.max(1),

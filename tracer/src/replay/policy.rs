@@ -362,7 +362,7 @@ impl Policy {
                     });
                 match ack_level {
                     Some((l, clock)) => {
-                        let o = acks::run(&l.tcp, clock, a, dupthresh, reo_wnd_mult);
+                        let o = acks::run(l, clock, a, dupthresh, reo_wnd_mult);
                         r.spurious = o.spurious;
                         r.episodes = o.episodes;
                         r.spurious_episodes = o.spurious_episodes;

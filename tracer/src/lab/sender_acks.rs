@@ -1,0 +1,115 @@
+//! When each ACK reached the sending socket: the TCP tracepoints (no XDP:
+//! the ACK path stays as it was) in the client's namespace, drained on a
+//! thread while the upload runs. With them the replay hears of each
+//! arrival when the real sender did, instead of assuming the ACK path's
+//! delay.
+
+use std::{
+    collections::HashMap,
+    os::fd::AsRawFd,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{anyhow, Context, Result};
+
+use super::{Topology, CLIENT_IF, SERVER_PORT};
+use crate::{
+    kernel::{Tracer, TracerOptions},
+    source::{self, Flow, Observation},
+};
+
+/// Most ACKs kept per flow; more are counted in [`SenderAcks::over_cap`].
+pub const MAX_ACKS_PER_FLOW: usize = 1 << 20;
+
+/// The senders' ACKs, by the flow of the data they acknowledge.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct SenderAcks {
+    /// (cumulative ACK, CLOCK_MONOTONIC ns) in processing order.
+    #[serde(skip)]
+    pub acks: HashMap<Flow, Vec<(u32, u64)>>,
+    /// ACKs kept, over all flows.
+    pub seen: u64,
+    /// ACKs over [`MAX_ACKS_PER_FLOW`], not kept.
+    pub over_cap: u64,
+    /// Events the kernel side dropped or skipped (ring full, tracepoint
+    /// programs not run).
+    pub lost: u64,
+}
+
+/// The probe while it runs.
+pub struct SenderProbe {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<Result<SenderAcks>>,
+}
+
+impl SenderProbe {
+    /// Attaches in the client's namespace (before the upload starts).
+    pub fn attach(topo: &Topology) -> Result<Self> {
+        let mut opts = TracerOptions::new(CLIENT_IF);
+        opts.netns = Some(topo.client_ns.clone());
+        opts.xdp = false;
+        opts.ring_bytes = 4 << 20;
+        let tracer = Tracer::attach(&opts).context("attaching the sender-side ACK probe")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("sender-acks".into())
+            .spawn(move || collect(tracer, &flag))?;
+        Ok(Self { stop, thread })
+    }
+
+    /// Detaches and returns what it saw.
+    pub fn finish(self) -> Result<SenderAcks> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread
+            .join()
+            .map_err(|_| anyhow!("the sender-side ACK probe's thread panicked"))?
+    }
+}
+
+fn collect(mut tracer: Tracer, stop: &AtomicBool) -> Result<SenderAcks> {
+    let mut out = SenderAcks::default();
+    while !stop.load(Ordering::SeqCst) {
+        drain(&mut tracer, &mut out);
+        let mut fd = libc::pollfd {
+            fd: tracer.ring().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd. An error (EINTR) only ends this wait.
+        unsafe { libc::poll(&mut fd, 1, POLL.as_millis() as i32) };
+    }
+    // Detached, nothing more arrives: this drain gets the rest, and the
+    // counters are final.
+    tracer.detach();
+    drain(&mut tracer, &mut out);
+    out.lost = tracer.counters()?.dropped();
+    Ok(out)
+}
+
+const POLL: Duration = Duration::from_millis(20);
+
+fn drain(tracer: &mut Tracer, out: &mut SenderAcks) {
+    let ring = tracer.ring();
+    while let Some(record) = ring.next() {
+        // Pure ACKs from the server's port, as the sender's TCP took them.
+        let Ok(Observation::TcpProbe(p)) = source::decode(&record) else {
+            continue;
+        };
+        if p.flow.src.port() != SERVER_PORT || p.payload_len != 0 {
+            continue;
+        }
+        let acks = out.acks.entry(p.flow.reversed()).or_default();
+        if acks.len() < MAX_ACKS_PER_FLOW {
+            acks.push((p.ack, p.ts_ns));
+            out.seen += 1;
+        } else {
+            out.over_cap += 1;
+        }
+    }
+}
