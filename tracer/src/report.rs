@@ -252,6 +252,12 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
         counters(&lab.receiver_counters),
         counters(&lab.sender_counters)
     );
+    let a = &lab.sender_acks;
+    let _ = writeln!(
+        out,
+        "  ACK probe  {} ACKs timed as the senders' sockets took them ({} lost in the kernel, {} over the per-flow cap): the replay's ACK path",
+        a.seen, a.lost, a.over_cap
+    );
     out
 }
 
