@@ -504,8 +504,8 @@ fn sigint_mid_run_reports_and_removes_everything() {
 /// replay is within ±30% (measured here, with each ACK heard when the
 /// sender's socket took it: RACK-TLP, ACK by ACK, / DSACKed 0.93-1.16 at
 /// 20 re-points/s, 0.90-1.14 at 50, 0.99-1.09 at 200; classic / the
-/// receiver's duplicates 0.97-1.00 at 50, 0.92-1.01 at 200). Not there
-/// (README, "Replay"): classic at 20/s (0.64-0.88).
+/// receiver's duplicates 1.02-1.09 at 50, 1.00-1.09 at 200). Not there
+/// (README, "Replay"): classic at 20/s (0.65-0.94).
 #[test]
 fn replay_predictions_agree_with_the_linux_senders() {
     if !root_or_skip("replay_predictions_agree_with_the_linux_senders") {

@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::{
     acks,
     throughput::{self, Congestion, Path, Reductions},
-    Assumptions, FlowLog, LateOriginal,
+    Assumptions, FlowLog, LateOriginal, TcpArrival,
 };
 
 /// A sender's loss detection, with its parameters.
@@ -102,7 +102,7 @@ impl PolicyOutcome {
 
 /// The loss detector's running state.
 #[derive(Default)]
-struct Recovery {
+struct Recovery<'a> {
     /// Until when the current episode lasts (receiver clock, ns).
     until: u64,
     active: bool,
@@ -115,8 +115,14 @@ struct Recovery {
     /// about β (0.7) segments per segment delivered (RFC 6937 PRR), so
     /// segments marked lost together leave one by one.
     rtx_clock: u64,
-    /// Spacing of those retransmissions, ns.
+    /// Spacing of those retransmissions, ns, when the receiver's TCP layer
+    /// is not in the trace.
     rtx_interval: u64,
+    /// The receiver's TCP-layer arrivals, when traced: each is an ACK, and
+    /// PRR clocks retransmissions out by them (β per delivery).
+    deliveries: &'a [TcpArrival],
+    /// Deliveries owed to PRR before the next retransmission (fraction).
+    prr_credit: f64,
     rtt: u64,
     /// Linux's undo (see [`Policy::LinuxAdaptive`]).
     undo: bool,
@@ -148,10 +154,11 @@ enum Marked {
 /// β).
 const PRR_RATIO: f64 = 0.7;
 
-impl Recovery {
-    fn new(a: &Assumptions, undo: bool) -> Self {
+impl<'a> Recovery<'a> {
+    fn new(a: &Assumptions, undo: bool, deliveries: &'a [TcpArrival]) -> Self {
         Self {
             rtx_interval: (a.send_interval_us * 1000.0 / PRR_RATIO) as u64,
+            deliveries,
             rtt: (a.rtt_us * 1000.0) as u64,
             undo,
             stop_at: u64::MAX,
@@ -167,6 +174,22 @@ impl Recovery {
             self.starts.pop();
         }
         self.active = false;
+    }
+
+    /// When the retransmission after one sent at `sent` can go: after
+    /// 1/β more deliveries (ACKs) when they are known, else at the mean
+    /// send interval over β.
+    fn next_rtx(&mut self, sent: u64) -> u64 {
+        if self.deliveries.is_empty() {
+            return sent + self.rtx_interval;
+        }
+        self.prr_credit += 1.0 / PRR_RATIO;
+        let step = self.prr_credit.floor() as usize;
+        self.prr_credit -= step as f64;
+        let i = self.deliveries.partition_point(|d| d.t_ns <= sent);
+        self.deliveries
+            .get(i + step.max(1) - 1)
+            .map_or(sent + self.rtx_interval, |d| d.t_ns)
     }
 
     /// An original arrived at `t` (late, or delivered in the normal
@@ -220,7 +243,7 @@ impl Recovery {
             }
             Some((arrived, _)) => {
                 self.episode_rtx += 1;
-                self.rtx_clock = sent + self.rtx_interval;
+                self.rtx_clock = self.next_rtx(sent);
                 self.until = self.until.max(arrived.min(sent + self.rtt));
                 self.spurious += 1;
                 self.first_rtx.get_or_insert(sent);
@@ -228,7 +251,7 @@ impl Recovery {
             }
             None => {
                 self.episode_rtx += 1;
-                self.rtx_clock = sent + self.rtx_interval;
+                self.rtx_clock = self.next_rtx(sent);
                 self.until = self.until.max(sent + self.rtt);
                 self.first_rtx.get_or_insert(sent);
                 self.real = true;
@@ -317,7 +340,11 @@ impl Policy {
             Policy::Classic { .. } => false,
             Policy::LinuxAdaptive { undo, .. } | Policy::RackTlp { undo, .. } => undo,
         };
-        let mut r = Recovery::new(a, undo);
+        let deliveries = match (log.acks.as_deref(), a.rack_ack_level) {
+            (Some(l), true) => &l.tcp[..],
+            _ => &[],
+        };
+        let mut r = Recovery::new(a, undo, deliveries);
         let mut probes = 0;
         match *self {
             Policy::Classic { dupthresh } => {
@@ -536,7 +563,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::{replay, ReplayConfig, TraceRtt};
+    use crate::replay::{replay, AckLog, ReplayConfig, TickMark, TraceRtt};
 
     const MSS: u32 = 1000;
 
@@ -641,6 +668,48 @@ mod tests {
                 a.name
             );
         }
+    }
+
+    #[test]
+    fn classic_retransmits_as_fast_as_acks_come_back() {
+        // Ten originals overtaken 1 µs apart, each 200 µs late with 40
+        // segments above: all marked lost 20 µs after their overtaking.
+        let mut log = clean(10_000);
+        for k in 0..10 {
+            late(&mut log, 20_000 + k, 200, 40);
+        }
+        let classic = |log: &FlowLog, tcp_layer: bool| {
+            replay(log, TraceRtt::Observed(None), &cfg(), tcp_layer)
+                .policies
+                .iter()
+                .find(|p| p.name == "classic")
+                .unwrap()
+                .spurious_retransmissions
+        };
+        // Without the receiver's TCP layer: one retransmission per mean
+        // send interval over β (14 µs), all ten before their originals.
+        assert_eq!(classic(&log, false), 10);
+        // With it, PRR clocks them by the ACKs: one per 1/β deliveries.
+        let with_deliveries = |every_us: u64| {
+            let mut l = log.clone();
+            l.acks = Some(Box::new(AckLog {
+                tcp: (0..1_000)
+                    .map(|j| TcpArrival {
+                        t_ns: (19_000 + j * every_us) * 1000,
+                        ..TcpArrival::default()
+                    })
+                    .collect(),
+                ticks: vec![TickMark::default(); 2],
+                ..AckLog::default()
+            }));
+            l
+        };
+        // An ACK every 100 µs (from 19 ms): retransmissions at 20.02,
+        // 20.1 and 20.2 ms precede originals due at 20.200-20.209 ms; the
+        // next may go only at 20.4 ms.
+        assert_eq!(classic(&with_deliveries(100), true), 3);
+        // An ACK every microsecond: all ten go before their originals.
+        assert_eq!(classic(&with_deliveries(1), true), 10);
     }
 
     #[test]
