@@ -214,6 +214,11 @@ pub const SENDER_COUNTERS: &[&str] = &[
     // Tail loss probes sent, and those a DSACK showed unnecessary.
     "TCPLossProbes",
     "TCPLossProbeRecovery",
+    // Recoveries without SACK (NewReno); retransmission timeouts, and
+    // those F-RTO found spurious.
+    "TCPRenoRecovery",
+    "TCPTimeouts",
+    "TCPSpuriousRTOs",
 ];
 
 #[cfg(test)]
