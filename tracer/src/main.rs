@@ -93,6 +93,10 @@ struct TraceArgs {
     /// Replay: RACK-TLP's initial reordering-window multiplier (RFC 8985: 1).
     #[arg(long, value_name = "N")]
     reo_wnd_mult: Option<u32>,
+    /// Replay: the classic sender undoes spurious recoveries (timestamps,
+    /// DSACK) as Linux does; default: never, as Windows before RACK-TLP.
+    #[arg(long)]
+    classic_undo: bool,
 }
 
 impl TraceArgs {
@@ -130,6 +134,7 @@ impl TraceArgs {
             bandwidth_bps: positive("--bandwidth", self.bandwidth, 1e7)?.map(|m| m * 1e6),
             dupthresh: whole("--dupthresh", self.dupthresh)?,
             reo_wnd_mult: whole("--reo-wnd-mult", self.reo_wnd_mult)?,
+            classic_undo: self.classic_undo,
         };
         Ok(Engine::new(EngineConfig {
             max_flows: self.max_flows,

@@ -500,12 +500,12 @@ fn sigint_mid_run_reports_and_removes_everything() {
 }
 
 /// The replay's predicted spurious retransmissions against what the lab's
-/// real Linux senders did in the same run, summed over 4 flows, where the
-/// replay is within ±30% (measured here, with each ACK heard when the
-/// sender's socket took it: RACK-TLP, ACK by ACK, / DSACKed 0.93-1.16 at
-/// 20 re-points/s, 0.90-1.14 at 50, 0.99-1.09 at 200; classic / the
-/// receiver's duplicates 1.02-1.09 at 50, 1.00-1.09 at 200). Not there
-/// (README, "Replay"): classic at 20/s (0.65-0.94).
+/// real Linux senders did in the same run, summed over 4 flows, within
+/// ±30% (measured here, ACK by ACK, each ACK heard when the sender's
+/// socket took it: RACK-TLP / DSACKed 0.93-1.16 at 20 re-points/s,
+/// 0.90-1.14 at 50, 0.99-1.09 at 200; classic undoing as Linux does / the
+/// NewReno sender's duplicates at the receiver 0.99-1.21 at 50, 0.97-1.06
+/// at 100, 0.89-0.98 at 200; see the README).
 #[test]
 fn replay_predictions_agree_with_the_linux_senders() {
     if !root_or_skip("replay_predictions_agree_with_the_linux_senders") {
@@ -564,7 +564,7 @@ fn replay_predictions_agree_with_the_linux_senders() {
             whole,
             flows(&r)
                 .iter()
-                .all(|(f, _, _)| f["replay"]["assumptions"]["rack_ack_level"] == true),
+                .all(|(f, _, _)| f["replay"]["assumptions"]["ack_level"] == true),
             "the replay uses the TCP layer exactly when it is whole"
         );
         assert!(
@@ -573,10 +573,16 @@ fn replay_predictions_agree_with_the_linux_senders() {
         );
         assert_clean();
     }
-    // Classic (fixed three duplicate ACKs, no SACK so no DSACK): against
-    // the duplicates the receiving kernel counted.
-    for rate in ["50", "200"] {
-        let args = [&base[..], &["--rate", rate, "--sender", "classic"]].concat();
+    // Classic (fixed three duplicate ACKs, no SACK so no DSACK), undoing
+    // as the lab's Linux sender does: against the duplicates the receiving
+    // kernel counted. (At 20/s the kernel's NewReno and the SACK policy
+    // part ways too often for a test: README.)
+    for rate in ["50", "100", "200"] {
+        let args = [
+            &base[..],
+            &["--rate", rate, "--sender", "classic", "--classic-undo"],
+        ]
+        .concat();
         let r = lab_json_exits(&args, &[0, 3]);
         let duplicates = u(&r["lab"]["receiver_counters"]["TcpExtDelayedACKLost"]);
         let classic = predicted(&r, "classic");
@@ -585,9 +591,11 @@ fn replay_predictions_agree_with_the_linux_senders() {
             duplicates > 500,
             "little spurious retransmission: {duplicates}"
         );
+        // ACK by ACK only over a whole TCP-layer view (as above).
+        let whole = flows(&r).iter().all(|(f, _, _)| tcp_layer_whole(f));
         assert!(
-            within(classic, duplicates, 0.30),
-            "classic {classic} vs duplicates {duplicates}"
+            !whole || within(classic, duplicates, 0.30),
+            "classic at {rate}/s: {classic} vs duplicates {duplicates}"
         );
         // The sender's threshold stayed fixed.
         for (_, _, s) in flows(&r) {

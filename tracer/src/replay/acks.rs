@@ -1,6 +1,7 @@
-//! RACK-TLP replayed ACK by ACK, as a Linux sender runs it, over the order
-//! in which the receiving TCP processed the data (its `tcp_probe` view:
-//! that order, not the wire's, is what its ACKs reported).
+//! A sender's loss detection replayed ACK by ACK — RACK-TLP as a Linux
+//! sender runs it, or RFC 6675's DupThresh (the classic policy) — over the
+//! order in which the receiving TCP processed the data (its `tcp_probe`
+//! view: that order, not the wire's, is what its ACKs reported).
 //!
 //! It needs the receiver's TCP layer and TCP timestamps; without them the
 //! replay works from the wire's late originals ([`super::policy`]).
@@ -14,9 +15,10 @@
 //! long round trip, one on an idle queue a short one, and RACK sees both.
 //!
 //! **Clock.** The receiver's, shifted so that transmit and ACK times
-//! compare: the sender hears of an arrival at `t` at `t + SRTT/2` (the
-//! ACK's way back), and hears back of a retransmission one round trip of
-//! the newest data after sending it.
+//! compare: the sender hears of an arrival when its ACK reached the
+//! sender's TCP (measured ACK by ACK when the sender's socket is this
+//! host's, else an assumed delay); a retransmission queues with the data
+//! sent at the same moment and reaches the receiver when that data did.
 //!
 //! **The receiver**, replayed too: the real sender's retransmissions (the
 //! wire view's classes, or a TSval newer than the data's own tick) are not
@@ -31,16 +33,19 @@
 //!   first and then the cumulatively acknowledged (Linux's order in
 //!   `tcp_ack`): an ACK that advances the cumulative point over data from
 //!   a slow queue leaves RACK.rtt at that data's long round trip;
-//! * a segment is lost when something sent after it was delivered and it
-//!   has been out for RACK.rtt + reo_wnd; otherwise the reordering timer
-//!   fires then, at least 2 ms later (`TCP_TIMEOUT_MIN_US`);
+//! * RACK: a segment is lost when something sent after it was delivered
+//!   and it has been out for RACK.rtt + reo_wnd; otherwise the reordering
+//!   timer fires then, at least 2 ms later (`TCP_TIMEOUT_MIN_US`);
+//!   DupThresh: a segment is lost once more than (DupThresh - 1)
+//!   segments' bytes above it are SACKed, and there is no timer;
 //! * reo_wnd: 0 before any reordering is seen, in recovery or with
 //!   DupThresh segments SACKed; else min(steps · min_RTT/4, SRTT); a DSACK
 //!   adds a step at most once a round trip, kept for 16 recoveries;
 //! * retransmissions are ACK-clocked (PRR, slow-start reduction bound):
 //!   as many as the ACK delivered, at least one, one more if it advanced
 //!   the cumulative point;
-//! * undo (RFC 3522 detection with millisecond timestamps): a partial ACK
+//! * undo (RACK always, DupThresh if asked; RFC 3522 detection with
+//!   millisecond timestamps): a partial ACK
 //!   whose echoed timestamp is older than the first retransmission's stops
 //!   retransmitting while any retransmission is out and, once none is,
 //!   undoes the episode, unmarking what was marked (Linux takes those off
@@ -197,6 +202,7 @@ enum Wake {
 }
 
 struct Sim<'a> {
+    detection: Detection,
     clock: SendClock<'a>,
     arrivals: &'a [TcpArrival],
     /// How long the ACK being replayed took to reach the sender.
@@ -247,6 +253,17 @@ struct Sim<'a> {
     /// replayed sender's retransmissions move it, and the late originals
     /// it then makes too old are discarded, as the real receiver does.
     ts_recent: Option<u32>,
+}
+
+/// How the replayed sender decides a segment is lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Detection {
+    /// RFC 8985 RACK-TLP as Linux runs it, with its undo (timestamps and
+    /// DSACK).
+    Rack { dupthresh: u32, reo_wnd_mult: u32 },
+    /// RFC 6675 IsLost: more than (DupThresh - 1) segments' bytes SACKed
+    /// above; no reordering timer; undo as Linux's or none.
+    DupThresh { dupthresh: u32, undo: bool },
 }
 
 /// Longest ACK delay taken as measured (longer: a wrapped or unrelated
@@ -319,14 +336,21 @@ pub fn run<'a>(
     log: &'a AckLog,
     clock: SendClock<'a>,
     a: &Assumptions,
-    dupthresh: u32,
-    mult: u32,
+    detection: Detection,
 ) -> AckReplay {
+    let (dupthresh, mult) = match detection {
+        Detection::Rack {
+            dupthresh,
+            reo_wnd_mult,
+        } => (dupthresh, reo_wnd_mult),
+        Detection::DupThresh { dupthresh, .. } => (dupthresh, 1),
+    };
     let arrivals = &log.tcp[..];
     let Some(first) = arrivals.first() else {
         return AckReplay::default();
     };
     let mut s = Sim {
+        detection,
         clock,
         arrivals,
         ack_delay: 0,
@@ -644,9 +668,10 @@ impl Sim<'_> {
     /// have, the receiver's DSACKs undo it (RFC 3708, as Linux does).
     fn count_spurious(&mut self, episode: usize) {
         self.out.spurious += 1;
+        let undoes = self.undoes();
         if let Some(e) = self.history.get_mut(episode) {
             e.spurious += 1;
-            if e.spurious >= e.rtx {
+            if undoes && e.spurious >= e.rtx {
                 e.undone = true;
             }
         }
@@ -657,6 +682,14 @@ impl Sim<'_> {
         self.retrans_out = self.retrans_out.saturating_sub(1);
         self.wakes
             .push(Reverse((now.max(sent + self.srtt), Wake::Dsack)));
+    }
+
+    /// Whether the sender undoes spurious recoveries (timestamps, DSACK).
+    fn undoes(&self) -> bool {
+        match self.detection {
+            Detection::Rack { .. } => true,
+            Detection::DupThresh { undo, .. } => undo,
+        }
     }
 
     fn dsack(&mut self, now: u64) {
@@ -673,6 +706,25 @@ impl Sim<'_> {
             .iter()
             .map(|(s, e)| (e - s).div_ceil(self.mss))
             .sum()
+    }
+
+    /// RFC 6675 IsLost over the outstanding pieces, highest first: lost
+    /// once more than (DupThresh - 1) segments' bytes above are SACKed.
+    fn dupthresh_marks(&mut self) -> u64 {
+        let limit = (self.dupthresh - 1) * self.mss;
+        let mut above = 0;
+        let mut sacked = self.sacked.iter().rev().peekable();
+        let mut marked = 0;
+        for (&seq, p) in self.pieces.iter_mut().rev() {
+            while let Some((&s, &e)) = sacked.next_if(|(_, &e)| e > seq) {
+                above += e - s.max(seq);
+            }
+            if above > limit && !p.lost && !p.off_rack && p.rtx_at.is_none() {
+                p.lost = true;
+                marked += 1;
+            }
+        }
+        marked
     }
 
     fn reo_wnd(&self) -> u64 {
@@ -696,6 +748,9 @@ impl Sim<'_> {
                 p.rtx_at = None;
                 marked += 1;
             }
+        }
+        if let Detection::DupThresh { .. } = self.detection {
+            return marked + self.dupthresh_marks();
         }
         let mut wait: Option<u64> = None;
         for p in self.pieces.values_mut() {
@@ -722,7 +777,7 @@ impl Sim<'_> {
         if self.in_recovery {
             if self.rcv_nxt >= self.high_seq {
                 self.close_episode();
-            } else if partial && self.delayed(arr) {
+            } else if self.undoes() && partial && self.delayed(arr) {
                 if self.retrans_out > 0 {
                     return; // no retransmission on this ACK
                 }
@@ -991,13 +1046,23 @@ mod tests {
             mss_bytes: MSS as u32,
             send_interval_us: 10.0,
             duration_s: 0.05,
-            rack_ack_level: true,
+            tcp_layer_whole: true,
+            ack_level: true,
         }
     }
 
-    fn replay_log(log: &AckLog) -> AckReplay {
+    const RACK: Detection = Detection::Rack {
+        dupthresh: 3,
+        reo_wnd_mult: 1,
+    };
+
+    fn replay_with(log: &AckLog, detection: Detection) -> AckReplay {
         let clock = SendClock::new(&log.ticks).unwrap();
-        run(log, clock, &assumptions(), 3, 1)
+        run(log, clock, &assumptions(), detection)
+    }
+
+    fn replay_log(log: &AckLog) -> AckReplay {
+        replay_with(log, RACK)
     }
 
     fn replay(late: &[(u64, u64)], lost: &[(u64, u64)]) -> AckReplay {
@@ -1131,5 +1196,26 @@ mod tests {
         log.tcp.insert(i + 1, tail);
         let r = replay_log(&log);
         assert_eq!((r.spurious, r.episodes, r.undone), (1, 3, 1));
+    }
+
+    #[test]
+    fn dupthresh_retransmits_a_segment_three_reordered_not_two() {
+        let classic = |late_us: u64, undo: bool| {
+            let log = trace(5000, &[(2000, late_us * 1000)], &[]);
+            replay_with(&log, Detection::DupThresh { dupthresh: 3, undo })
+        };
+        // 25 µs late: the two segments sent after it arrive first.
+        let r = classic(25, false);
+        assert_eq!((r.spurious, r.episodes), (0, 0));
+        // 35 µs late: three did, and the third's ACK marks it lost 50 µs
+        // (the ACK delay) before its own ACK comes.
+        let r = classic(35, false);
+        assert_eq!((r.spurious, r.episodes, r.undone), (1, 1, 0));
+        assert_eq!(r.starts.len(), 1, "without undo the window is cut");
+        // With Linux's undo, the DSACK for its only retransmission undoes
+        // the episode.
+        let r = classic(35, true);
+        assert_eq!((r.spurious, r.episodes, r.undone), (1, 1, 1));
+        assert!(r.starts.is_empty());
     }
 }

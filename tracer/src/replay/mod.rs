@@ -377,6 +377,9 @@ pub struct ReplayConfig {
     pub dupthresh: Option<u32>,
     /// RACK's initial reordering-window multiplier (RFC 8985: 1).
     pub reo_wnd_mult: Option<u32>,
+    /// The classic sender undoes spurious recoveries as Linux does
+    /// (default: never, as Windows before RACK-TLP).
+    pub classic_undo: bool,
     /// How long after an arrival its ACK reaches the sender's TCP
     /// (default: measured per ACK where the sender is this host's, else
     /// min_RTT).
@@ -399,9 +402,13 @@ pub struct Assumptions {
     /// Mean spacing of the sender's segments.
     pub send_interval_us: f64,
     pub duration_s: f64,
-    /// RACK-TLP replayed ACK by ACK from the receiver's TCP layer (it is
-    /// traced, and whole), else from the wire's late originals.
-    pub rack_ack_level: bool,
+    /// The receiver's TCP layer is traced for this flow and covers what
+    /// the wire saw (this kernel sometimes skips tcp_probe unannounced).
+    pub tcp_layer_whole: bool,
+    /// RACK-TLP and classic replayed ACK by ACK from that TCP layer (it is
+    /// whole, and the sender's timestamps give transmit times), else from
+    /// the wire's late originals.
+    pub ack_level: bool,
 }
 
 /// RTT when neither the trace nor the user gives one.
@@ -459,7 +466,8 @@ impl ReplayConfig {
                 0.0
             },
             duration_s,
-            rack_ack_level: false,
+            tcp_layer_whole: false,
+            ack_level: false,
         }
     }
 }
@@ -479,7 +487,10 @@ pub struct Replay {
 pub fn default_policies(cfg: &ReplayConfig) -> Vec<Policy> {
     let dupthresh = cfg.dupthresh.unwrap_or(3);
     vec![
-        Policy::Classic { dupthresh },
+        Policy::Classic {
+            dupthresh,
+            undo: cfg.classic_undo,
+        },
         Policy::LinuxAdaptive {
             initial: dupthresh,
             max: 300,
@@ -499,11 +510,9 @@ pub fn default_policies(cfg: &ReplayConfig) -> Vec<Policy> {
 /// replay needs it.
 pub fn replay(log: &FlowLog, trace: TraceRtt, cfg: &ReplayConfig, tcp_layer_whole: bool) -> Replay {
     let mut a = cfg.assumptions(log, trace);
-    a.rack_ack_level = tcp_layer_whole
-        && log
-            .acks
-            .as_deref()
-            .is_some_and(|l| !l.tcp.is_empty() && l.ticks.len() >= 2);
+    let acks = log.acks.as_deref().filter(|l| !l.tcp.is_empty());
+    a.tcp_layer_whole = tcp_layer_whole && acks.is_some();
+    a.ack_level = a.tcp_layer_whole && acks.is_some_and(|l| l.ticks.len() >= 2);
     let policies: Vec<PolicyOutcome> = default_policies(cfg)
         .iter()
         .map(|p| p.run(log, &a))

@@ -22,13 +22,15 @@ use super::{
 pub enum Policy {
     /// RFC 5681 fast retransmit with RFC 6675 SACK loss marking: a segment
     /// is lost once more than (DupThresh - 1) segments' bytes above it are
-    /// SACKed. No reordering adaptation (Windows before RACK-TLP).
-    Classic { dupthresh: u32 },
+    /// SACKed. No reordering adaptation (Windows before RACK-TLP); `undo`
+    /// (off by default) undoes spurious recoveries as Linux does (below),
+    /// as the lab's fixed-threshold Linux sender does.
+    Classic { dupthresh: u32, undo: bool },
     /// The same, with the threshold raised to the reordering degree each
     /// time reordering is seen (Linux before RACK: tcp_reordering up to
     /// tcp_max_reordering).
     ///
-    /// `undo` (both Linux policies): timestamp-based spurious recovery
+    /// `undo` (all policies; always for RACK-TLP ACK by ACK): timestamp-based spurious recovery
     /// detection as Linux does it (RFC 3522 Eifel detection; RFC 3708 with
     /// DSACK). Once an ACK for an original sent before the episode's first
     /// retransmission arrives, no further segment is retransmitted in that
@@ -337,70 +339,81 @@ impl Policy {
         let tau = (a.send_interval_us * 1000.0) as u64;
         let rtt = (a.rtt_us * 1000.0) as u64;
         let undo = match *self {
-            Policy::Classic { .. } => false,
-            Policy::LinuxAdaptive { undo, .. } | Policy::RackTlp { undo, .. } => undo,
+            Policy::Classic { undo, .. }
+            | Policy::LinuxAdaptive { undo, .. }
+            | Policy::RackTlp { undo, .. } => undo,
         };
-        let deliveries = match (log.acks.as_deref(), a.rack_ack_level) {
+        let deliveries = match (log.acks.as_deref(), a.tcp_layer_whole) {
             (Some(l), true) => &l.tcp[..],
             _ => &[],
         };
         let mut r = Recovery::new(a, undo, deliveries);
         let mut probes = 0;
-        match *self {
-            Policy::Classic { dupthresh } => {
-                for e in events(log) {
-                    classic_step(&mut r, &e, dupthresh, mss, tau);
-                }
-            }
-            Policy::LinuxAdaptive { initial, max, .. } => {
-                // (time, threshold from then on)
-                let mut history: Vec<(u64, u32)> = vec![(0, initial)];
-                for e in events(log) {
-                    let at = e.opened();
-                    let i = history.partition_point(|&(t, _)| t <= at);
-                    let thr = history[i.saturating_sub(1)].1;
-                    classic_step(&mut r, &e, thr, mss, tau);
-                    if let Event::Late(l) = e {
-                        // Reordering seen when its SACK arrives: raise the
-                        // threshold to its degree.
-                        let degree = l.fack_distance.div_ceil(mss) as u32;
-                        let now = history.last().expect("initial").1;
-                        if degree > now {
-                            history.push((l.arrived_ns.max(at), degree.min(max)));
-                        }
-                    }
-                }
+        // Classic and RACK-TLP ACK by ACK when the receiver's TCP layer and
+        // the sender's timestamps are in the trace; else (and always for
+        // linux-adaptive) from the late originals.
+        let ack_level = log.acks.as_deref().filter(|_| a.ack_level).and_then(|l| {
+            acks::SendClock::new(&l.ticks)
+                .filter(|_| !l.tcp.is_empty())
+                .map(|c| (l, c))
+        });
+        let detection = match *self {
+            Policy::Classic { dupthresh, undo } => {
+                Some(acks::Detection::DupThresh { dupthresh, undo })
             }
             Policy::RackTlp {
                 dupthresh,
                 reo_wnd_mult,
                 ..
-            } => {
-                // ACK by ACK when the receiver's TCP layer and the sender's
-                // timestamps are in the trace; else from the late originals.
-                let ack_level = log
-                    .acks
-                    .as_deref()
-                    .filter(|_| a.rack_ack_level)
-                    .and_then(|l| {
-                        acks::SendClock::new(&l.ticks)
-                            .filter(|_| !l.tcp.is_empty())
-                            .map(|c| (l, c))
-                    });
-                match ack_level {
-                    Some((l, clock)) => {
-                        let o = acks::run(l, clock, a, dupthresh, reo_wnd_mult);
-                        r.spurious = o.spurious;
-                        r.episodes = o.episodes;
-                        r.spurious_episodes = o.spurious_episodes;
-                        r.undone = o.undone;
-                        r.starts = o.starts;
-                    }
-                    None => rack(&mut r, log, a, dupthresh, reo_wnd_mult),
-                }
-                let pto = 2 * rtt + PTO_FLOOR_NS;
-                probes = log.gaps_over(pto);
+            } => Some(acks::Detection::Rack {
+                dupthresh,
+                reo_wnd_mult,
+            }),
+            Policy::LinuxAdaptive { .. } => None,
+        };
+        match (ack_level, detection) {
+            (Some((l, clock)), Some(d)) => {
+                let o = acks::run(l, clock, a, d);
+                r.spurious = o.spurious;
+                r.episodes = o.episodes;
+                r.spurious_episodes = o.spurious_episodes;
+                r.undone = o.undone;
+                r.starts = o.starts;
             }
+            _ => match *self {
+                Policy::Classic { dupthresh, .. } => {
+                    for e in events(log) {
+                        classic_step(&mut r, &e, dupthresh, mss, tau);
+                    }
+                }
+                Policy::LinuxAdaptive { initial, max, .. } => {
+                    // (time, threshold from then on)
+                    let mut history: Vec<(u64, u32)> = vec![(0, initial)];
+                    for e in events(log) {
+                        let at = e.opened();
+                        let i = history.partition_point(|&(t, _)| t <= at);
+                        let thr = history[i.saturating_sub(1)].1;
+                        classic_step(&mut r, &e, thr, mss, tau);
+                        if let Event::Late(l) = e {
+                            // Reordering seen when its SACK arrives: raise
+                            // the threshold to its degree.
+                            let degree = l.fack_distance.div_ceil(mss) as u32;
+                            let now = history.last().expect("initial").1;
+                            if degree > now {
+                                history.push((l.arrived_ns.max(at), degree.min(max)));
+                            }
+                        }
+                    }
+                }
+                Policy::RackTlp {
+                    dupthresh,
+                    reo_wnd_mult,
+                    ..
+                } => rack(&mut r, log, a, dupthresh, reo_wnd_mult),
+            },
+        }
+        if let Policy::RackTlp { .. } = self {
+            probes = log.gaps_over(2 * rtt + PTO_FLOOR_NS);
         }
         r.close_episode();
         self.outcome(r, probes, log, a)
@@ -563,7 +576,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::{replay, AckLog, ReplayConfig, TickMark, TraceRtt};
+    use crate::replay::{replay, AckLog, ReplayConfig, TraceRtt};
 
     const MSS: u32 = 1000;
 
@@ -699,7 +712,8 @@ mod tests {
                         ..TcpArrival::default()
                     })
                     .collect(),
-                ticks: vec![TickMark::default(); 2],
+                // No timestamps: the wire model, with the TCP layer.
+                ticks: Vec::new(),
                 ..AckLog::default()
             }));
             l
