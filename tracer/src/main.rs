@@ -562,6 +562,9 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             if let Some(acks) = l.sender_acks.acks.get(&r.flow) {
                 engine.set_sender_acks(&r.flow, acks);
             }
+            if let Some(times) = l.sender_acks.retransmits.get(&r.flow) {
+                engine.set_sender_retransmits(&r.flow, times);
+            }
         }
     }
     // What was traced is reported even when the lab's own bookkeeping

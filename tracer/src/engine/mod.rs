@@ -736,6 +736,14 @@ impl Engine {
         }
     }
 
+    /// Tells the replay when the sender's socket retransmitted on `flow`
+    /// (CLOCK_MONOTONIC ns).
+    pub fn set_sender_retransmits(&mut self, flow: &Flow, times: &[u64]) {
+        if let Some(w) = self.flows.peek_mut(flow).and_then(|f| f.wire.as_mut()) {
+            w.log.sender_retransmits(times);
+        }
+    }
+
     /// Tells the replay the sender's own RTTs for `flow` (a socket this
     /// host owns), in place of what the trace shows.
     pub fn set_sender_rtt(&mut self, flow: &Flow, srtt_ns: u64, min_rtt_ns: u64) {

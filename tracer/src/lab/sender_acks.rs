@@ -1,8 +1,9 @@
-//! When each ACK reached the sending socket: the TCP tracepoints (no XDP:
-//! the ACK path stays as it was) in the client's namespace, drained on a
-//! thread while the upload runs. With them the replay hears of each
-//! arrival when the real sender did, instead of assuming the ACK path's
-//! delay.
+//! When each ACK reached the sending socket, and when it retransmitted:
+//! the TCP tracepoints (no XDP: the ACK path stays as it was) in the
+//! client's namespace, drained on a thread while the upload runs. With
+//! them the replay hears of each arrival when the real sender did, and its
+//! retransmissions leave as late after their ACK as the real ones did,
+//! instead of assuming either delay.
 
 use std::{
     collections::HashMap,
@@ -23,7 +24,8 @@ use crate::{
     source::{self, Flow, Observation},
 };
 
-/// Most ACKs kept per flow; more are counted in [`SenderAcks::over_cap`].
+/// Most ACKs (and retransmissions) kept per flow; more are counted in
+/// [`SenderAcks::over_cap`].
 pub const MAX_ACKS_PER_FLOW: usize = 1 << 20;
 
 /// The senders' ACKs, by the flow of the data they acknowledge.
@@ -32,6 +34,9 @@ pub struct SenderAcks {
     /// (cumulative ACK, CLOCK_MONOTONIC ns) in processing order.
     #[serde(skip)]
     pub acks: HashMap<Flow, Vec<(u32, u64)>>,
+    /// When each sender socket retransmitted (CLOCK_MONOTONIC ns), by flow.
+    #[serde(skip)]
+    pub retransmits: HashMap<Flow, Vec<u64>>,
     /// ACKs kept, over all flows.
     pub seen: u64,
     /// ACKs over [`MAX_ACKS_PER_FLOW`], not kept.
@@ -97,9 +102,20 @@ const POLL: Duration = Duration::from_millis(20);
 fn drain(tracer: &mut Tracer, out: &mut SenderAcks) {
     let ring = tracer.ring();
     while let Some(record) = ring.next() {
-        // Pure ACKs from the server's port, as the sender's TCP took them.
-        let Ok(Observation::TcpProbe(p)) = source::decode(&record) else {
-            continue;
+        // Pure ACKs from the server's port, as the sender's TCP took them,
+        // and the sender's retransmissions.
+        let p = match source::decode(&record) {
+            Ok(Observation::TcpProbe(p)) => p,
+            Ok(Observation::Retransmit(r)) if r.flow.dst.port() == SERVER_PORT => {
+                let times = out.retransmits.entry(r.flow).or_default();
+                if times.len() < MAX_ACKS_PER_FLOW {
+                    times.push(r.ts_ns);
+                } else {
+                    out.over_cap += 1;
+                }
+                continue;
+            }
+            _ => continue,
         };
         if p.flow.src.port() != SERVER_PORT || p.payload_len != 0 {
             continue;

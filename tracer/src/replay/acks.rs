@@ -207,6 +207,9 @@ struct Sim<'a> {
     arrivals: &'a [TcpArrival],
     /// How long the ACK being replayed took to reach the sender.
     ack_delay: u64,
+    /// The real sender's retransmissions: (when, how long after the ACK
+    /// before it), in time order.
+    transmit_lags: Vec<(u64, u64)>,
     dupthresh: u64,
     mss: u64,
     srtt: u64,
@@ -298,6 +301,40 @@ fn measured_ack_delays(log: &AckLog) -> Vec<Option<u64>> {
         .collect()
 }
 
+/// Longest transmit lag taken as measured.
+const MAX_TRANSMIT_LAG_NS: u64 = 10_000_000;
+
+/// For each of the real sender's retransmissions, how long after the last
+/// ACK its socket took it left (queued behind its own transmissions, TSQ).
+fn transmit_lags(log: &AckLog) -> Vec<(u64, u64)> {
+    let mut acked: Vec<u64> = log.sender_acks.iter().map(|&(_, t)| t).collect();
+    acked.sort_unstable();
+    let mut lags: Vec<(u64, u64)> = log
+        .sender_retransmits
+        .iter()
+        .filter_map(|&r| {
+            let i = acked.partition_point(|&t| t <= r);
+            let lag = r - acked.get(i.checked_sub(1)?)?;
+            (lag <= MAX_TRANSMIT_LAG_NS).then_some((r, lag))
+        })
+        .collect();
+    lags.sort_unstable();
+    lags
+}
+
+/// How long after deciding it a retransmission at `now` left: as long as
+/// the real sender's retransmission nearest in time did (`lags` in time
+/// order), else at once.
+fn nearest_lag(lags: &[(u64, u64)], now: u64) -> u64 {
+    let i = lags.partition_point(|&(t, _)| t < now);
+    [i.checked_sub(1), Some(i)]
+        .into_iter()
+        .flatten()
+        .filter_map(|j| lags.get(j))
+        .min_by_key(|&&(t, _)| t.abs_diff(now))
+        .map_or(0, |&(_, lag)| lag)
+}
+
 /// The median of the measured ACK delays, if any were.
 pub fn median_ack_delay_ns(log: &AckLog) -> Option<u64> {
     let mut d: Vec<u64> = measured_ack_delays(log).into_iter().flatten().collect();
@@ -354,6 +391,7 @@ pub fn run<'a>(
         clock,
         arrivals,
         ack_delay: 0,
+        transmit_lags: transmit_lags(log),
         dupthresh: u64::from(dupthresh.max(1)),
         mss: u64::from(a.mss_bytes.max(1)),
         srtt: (a.rtt_us * 1000.0) as u64,
@@ -884,10 +922,12 @@ impl Sim<'_> {
     }
 
     fn retransmit(&mut self, now: u64, budget: u64) {
+        // It leaves after the sender's transmit lag (decided at `now`).
+        let leaves = now + nearest_lag(&self.transmit_lags, now);
         // It queues with the data sent with it, and reaches the receiver
         // when that did (else: one round trip of the newest data).
-        let acked = match self.queued_with(now) {
-            Some(reached) => reached.max(now) + self.ack_delay,
+        let acked = match self.queued_with(leaves) {
+            Some(reached) => reached.max(leaves) + self.ack_delay,
             None => now + self.fresh_rtt.max(self.min_rtt),
         };
         let mut sent = Vec::new();
@@ -1217,5 +1257,28 @@ mod tests {
         let r = classic(35, true);
         assert_eq!((r.spurious, r.episodes, r.undone), (1, 1, 1));
         assert!(r.starts.is_empty());
+    }
+
+    #[test]
+    fn a_retransmission_leaves_as_late_as_the_real_ones_nearby_did() {
+        let log = AckLog {
+            // The sender took ACKs at 100, 200, 300 and 900 µs, and
+            // retransmitted at 210 µs and 950 µs.
+            sender_acks: [100, 200, 300, 900]
+                .iter()
+                .map(|&us| (0, us * 1000))
+                .collect(),
+            sender_retransmits: vec![210_000, 950_000],
+            ..AckLog::default()
+        };
+        let lags = transmit_lags(&log);
+        assert_eq!(lags, vec![(210_000, 10_000), (950_000, 50_000)]);
+        // Nearest in time: the first lag up to 580 µs, the second after;
+        // none measured, none taken.
+        assert_eq!(nearest_lag(&lags, 0), 10_000);
+        assert_eq!(nearest_lag(&lags, 570_000), 10_000);
+        assert_eq!(nearest_lag(&lags, 600_000), 50_000);
+        assert_eq!(nearest_lag(&lags, 5_000_000), 50_000);
+        assert_eq!(nearest_lag(&[], 600_000), 0);
     }
 }

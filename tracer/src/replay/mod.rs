@@ -100,6 +100,9 @@ pub struct AckLog {
     /// host's (the lab's senders): (cumulative ACK, ns from the flow's
     /// first data segment), in its order.
     pub sender_acks: Vec<(u32, u64)>,
+    /// When that socket retransmitted (ns from the flow's first data
+    /// segment).
+    pub sender_retransmits: Vec<u64>,
 }
 
 /// A hole that a retransmission filled.
@@ -253,6 +256,19 @@ impl FlowLog {
             .iter()
             .filter(|&&(_, t)| t >= first)
             .map(|&(ack, t)| (ack, t - first))
+            .collect();
+    }
+
+    /// When the sender's socket retransmitted (CLOCK_MONOTONIC ns), kept if
+    /// the flow's TCP layer is traced.
+    pub fn sender_retransmits(&mut self, times: &[u64]) {
+        let (Some(first), Some(a)) = (self.first_ns, &mut self.acks) else {
+            return;
+        };
+        a.sender_retransmits = times
+            .iter()
+            .filter(|&&t| t >= first)
+            .map(|&t| t - first)
             .collect();
     }
 
