@@ -39,17 +39,17 @@ pub struct SenderAcks {
     pub retransmits: HashMap<Flow, Vec<u64>>,
     /// ACKs kept, over all flows.
     pub seen: u64,
-    /// ACKs over [`MAX_ACKS_PER_FLOW`], not kept.
+    /// ACKs and retransmissions over [`MAX_ACKS_PER_FLOW`], not kept.
     pub over_cap: u64,
     /// Events the kernel side dropped or skipped (ring full, tracepoint
     /// programs not run).
     pub lost: u64,
 }
 
-/// The probe while it runs.
+/// The probe while it runs; dropped unfinished, it stops and detaches.
 pub struct SenderProbe {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Result<SenderAcks>>,
+    thread: Option<JoinHandle<Result<SenderAcks>>>,
 }
 
 impl SenderProbe {
@@ -65,15 +65,29 @@ impl SenderProbe {
         let thread = std::thread::Builder::new()
             .name("sender-acks".into())
             .spawn(move || collect(tracer, &flag))?;
-        Ok(Self { stop, thread })
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
     }
 
     /// Detaches and returns what it saw.
-    pub fn finish(self) -> Result<SenderAcks> {
+    pub fn finish(mut self) -> Result<SenderAcks> {
         self.stop.store(true, Ordering::SeqCst);
         self.thread
+            .take()
+            .context("the sender-side ACK probe was already finished")?
             .join()
             .map_err(|_| anyhow!("the sender-side ACK probe's thread panicked"))?
+    }
+}
+
+impl Drop for SenderProbe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -368,7 +368,8 @@ fn heard_times(log: &AckLog, a: &Assumptions) -> Vec<u64> {
         .collect()
 }
 
-/// Replays the receiver's TCP-layer arrivals through RACK-TLP.
+/// Replays the receiver's TCP-layer arrivals through the sender's loss
+/// detection (RACK-TLP or DupThresh).
 pub fn run<'a>(
     log: &'a AckLog,
     clock: SendClock<'a>,
