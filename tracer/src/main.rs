@@ -559,12 +559,12 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
                 u64::from(srtt) * 1000,
                 u64::from(r.min_rtt_us) * 1000,
             );
-            if let Some(acks) = l.sender_acks.acks.get(&r.flow) {
-                engine.set_sender_acks(&r.flow, acks);
-            }
-            if let Some(times) = l.sender_acks.retransmits.get(&r.flow) {
-                engine.set_sender_retransmits(&r.flow, times);
-            }
+            let probe = &l.sender_acks;
+            engine.set_sender_socket(
+                &r.flow,
+                probe.acks.get(&r.flow).map_or(&[], Vec::as_slice),
+                probe.retransmits.get(&r.flow).map_or(&[], Vec::as_slice),
+            );
         }
     }
     // What was traced is reported even when the lab's own bookkeeping

@@ -146,7 +146,7 @@ const TICK: Duration = Duration::from_secs(1);
 const POLL_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Sleeps until the ring has data, a signal arrives, or `timeout`.
-fn wait_readable(tracer: &mut Tracer, timeout: Duration) -> Result<()> {
+pub(crate) fn wait_readable(tracer: &mut Tracer, timeout: Duration) -> Result<()> {
     let mut fd = libc::pollfd {
         fd: tracer.ring().as_raw_fd(),
         events: libc::POLLIN,

@@ -136,6 +136,10 @@ pub fn text(
             out,
             "  replay     all flows (each replayed on its own path):"
         );
+        let _ = writeln!(
+            out,
+            "  (replay is experimental: against Linux senders in the lab, ACK by ACK, within 30% at 100-200 re-points/s, up to 1.8x high at 20/s; see the README)"
+        );
         replay_lines(&mut out, &s.totals.replay, "  ");
     }
     kernel_lines(&mut out, counters);
@@ -294,10 +298,6 @@ fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions) {
 
 /// "what a sender would have done": one line per policy, then the ratio.
 fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
-    let _ = writeln!(
-        out,
-        "{indent}(replay is experimental: against Linux senders in the lab, ACK by ACK, within 30% at 100-200 re-points/s, up to 1.7x high at 20/s; see the README)"
-    );
     if let Some(a) = &r.assumptions {
         let from = |s: Source| match s {
             Source::Given => "given",

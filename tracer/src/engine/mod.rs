@@ -728,19 +728,12 @@ impl Engine {
         self.flows.peek(flow)
     }
 
-    /// Tells the replay when the sender's socket took each ACK of `flow`
-    /// ((cumulative ACK, CLOCK_MONOTONIC ns), in its order).
-    pub fn set_sender_acks(&mut self, flow: &Flow, acks: &[(u32, u64)]) {
+    /// Tells the replay what the sender's socket did on `flow` (a socket
+    /// this host owns): when it took each ACK ((cumulative ACK,
+    /// CLOCK_MONOTONIC ns), in its order) and when it retransmitted.
+    pub fn set_sender_socket(&mut self, flow: &Flow, acks: &[(u32, u64)], retransmits: &[u64]) {
         if let Some(w) = self.flows.peek_mut(flow).and_then(|f| f.wire.as_mut()) {
-            w.log.sender_acks(acks);
-        }
-    }
-
-    /// Tells the replay when the sender's socket retransmitted on `flow`
-    /// (CLOCK_MONOTONIC ns).
-    pub fn set_sender_retransmits(&mut self, flow: &Flow, times: &[u64]) {
-        if let Some(w) = self.flows.peek_mut(flow).and_then(|f| f.wire.as_mut()) {
-            w.log.sender_retransmits(times);
+            w.log.sender_socket(acks, retransmits);
         }
     }
 

@@ -7,7 +7,6 @@
 
 use std::{
     collections::HashMap,
-    os::fd::AsRawFd,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -21,6 +20,7 @@ use anyhow::{anyhow, Context, Result};
 use super::{Topology, CLIENT_IF, SERVER_PORT};
 use crate::{
     kernel::{Tracer, TracerOptions},
+    record,
     source::{self, Flow, Observation},
 };
 
@@ -95,13 +95,7 @@ fn collect(mut tracer: Tracer, stop: &AtomicBool) -> Result<SenderAcks> {
     let mut out = SenderAcks::default();
     while !stop.load(Ordering::SeqCst) {
         drain(&mut tracer, &mut out);
-        let mut fd = libc::pollfd {
-            fd: tracer.ring().as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd. An error (EINTR) only ends this wait.
-        unsafe { libc::poll(&mut fd, 1, POLL.as_millis() as i32) };
+        record::wait_readable(&mut tracer, POLL)?;
     }
     // Detached, nothing more arrives: this drain gets the rest, and the
     // counters are final.

@@ -9,20 +9,23 @@
 //! [`replay`] runs that through each [`Policy`] (pure, deterministic) and
 //! [`throughput`] turns each policy's recovery episodes into goodput.
 //!
-//! The model, stated in every report ([`Assumptions`]):
-//! * the sender sent new data in sequence order, one segment every
-//!   duration/segments (its pacing), so a late segment was sent
-//!   `distance` segment-times before the one that overtook it;
-//! * ACKs return after half the round trip, the receiver ACKs every
-//!   segment with SACK, and DSACKs every duplicate (as Linux does);
-//! * a late original the receiving TCP discarded (PAWS, seen at its
-//!   `tcp_probe`) was lost, for every policy;
-//! * a policy retransmits a segment the moment it marks it lost; the
-//!   retransmission is spurious if the original arrives after that moment
-//!   (a DSACK then reaches the sender when the second copy arrives);
-//! * a recovery episode starts when a segment is marked lost outside one,
-//!   and ends when the hole it is about fills; every episode reduces the
-//!   congestion window once (no undo).
+//! Two models, the one that ran stated in every report ([`Assumptions`]):
+//! * ACK by ACK ([`acks`], classic and RACK-TLP), when the receiver's TCP
+//!   layer is traced and whole and the sender's timestamps give transmit
+//!   times: the receiver's own processing order replayed as the ACKs it
+//!   sent, each heard after the ACK path's delay (measured ACK by ACK
+//!   when the sender is this host's);
+//! * from the wire's late originals ([`policy`], and always for
+//!   linux-adaptive): the sender sent new data in sequence order, one
+//!   segment every duration/segments, so a late segment was sent
+//!   `distance` segment-times before the one that overtook it; a segment
+//!   marked lost is retransmitted when PRR lets it (by the receiver's
+//!   TCP-layer arrivals when traced, else the mean send interval), and the
+//!   retransmission is spurious if the original arrives after that moment;
+//!   a late original the receiving TCP discarded (PAWS) was lost.
+//!
+//! In both, a recovery episode reduces the congestion window once unless
+//! the policy undoes it (Linux's timestamp and DSACK undo).
 
 pub mod acks;
 pub mod policy;
@@ -245,33 +248,23 @@ impl FlowLog {
         }
     }
 
-    /// The receiving TCP processed `arrival` (`t_ns` absolute here).
-    /// When the sender's socket took each ACK of this flow (CLOCK_MONOTONIC
-    /// ns), kept if the flow's TCP layer is traced.
-    pub fn sender_acks(&mut self, acks: &[(u32, u64)]) {
+    /// What the sender's socket did on this flow, when that socket is this
+    /// host's: when it took each ACK ((cumulative ACK, CLOCK_MONOTONIC ns),
+    /// in its order) and when it retransmitted. Kept if the flow's TCP
+    /// layer is traced.
+    pub fn sender_socket(&mut self, acks: &[(u32, u64)], retransmits: &[u64]) {
         let (Some(first), Some(a)) = (self.first_ns, &mut self.acks) else {
             return;
         };
+        let since_first = |t: u64| t.checked_sub(first);
         a.sender_acks = acks
             .iter()
-            .filter(|&&(_, t)| t >= first)
-            .map(|&(ack, t)| (ack, t - first))
+            .filter_map(|&(ack, t)| Some((ack, since_first(t)?)))
             .collect();
+        a.sender_retransmits = retransmits.iter().filter_map(|&t| since_first(t)).collect();
     }
 
-    /// When the sender's socket retransmitted (CLOCK_MONOTONIC ns), kept if
-    /// the flow's TCP layer is traced.
-    pub fn sender_retransmits(&mut self, times: &[u64]) {
-        let (Some(first), Some(a)) = (self.first_ns, &mut self.acks) else {
-            return;
-        };
-        a.sender_retransmits = times
-            .iter()
-            .filter(|&&t| t >= first)
-            .map(|&t| t - first)
-            .collect();
-    }
-
+    /// The receiving TCP processed `arrival` (`t_ns` absolute here).
     pub fn tcp_arrival(&mut self, mut arrival: TcpArrival) {
         let Some(first) = self.first_ns else {
             return;
