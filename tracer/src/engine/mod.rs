@@ -853,11 +853,15 @@ fn wire_update(
         });
     }
     match out.class {
-        Class::Retransmission => w.log.wire_retransmission(a.start, a.end),
-        // Only a late copy can overlap an earlier retransmission; new data
-        // (the per-segment common case) costs nothing here.
+        // New data (the per-segment common case) costs nothing here.
         Class::InOrder => {}
-        _ => w.log.wire_original(a.start, a.end),
+        Class::Retransmission => w.log.wire_copy(a.start, a.end, true),
+        // A copy of bytes already seen, not sent before the retransmission
+        // it followed.
+        Class::Duplicate if out.behind_retransmission.is_none() => {
+            w.log.wire_copy(a.start, a.end, true)
+        }
+        _ => w.log.wire_copy(a.start, a.end, false),
     }
     if let (Class::Retransmission, Some(l)) = (out.class, out.late) {
         w.log.refill(Refill {

@@ -97,8 +97,10 @@ pub struct AckLog {
     pub tcp: Vec<TcpArrival>,
     /// The sender's timestamp ticks, seen in new data.
     pub ticks: Vec<TickMark>,
-    /// The latest wire segments classed retransmissions.
-    pub recent_retransmissions: std::collections::VecDeque<(u64, u64)>,
+    /// The latest late copies the wire saw (XDP runs a whole NAPI batch
+    /// before TCP takes the first of it), in wire order: which TCP-layer
+    /// arrival is which copy.
+    pub late_copies: std::collections::VecDeque<WireCopy>,
     /// When the sender's socket took each ACK, when that socket is this
     /// host's (the lab's senders): (cumulative ACK, ns from the flow's
     /// first data segment), in its order.
@@ -107,6 +109,19 @@ pub struct AckLog {
     /// segment).
     pub sender_retransmits: Vec<u64>,
 }
+
+/// A copy of data below the wire's highest sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireCopy {
+    pub start: u64,
+    pub end: u64,
+    /// Sent after an earlier copy of the same bytes (a retransmission or a
+    /// second one), not an original.
+    pub resent: bool,
+}
+
+/// Late wire copies kept for the TCP layer to match.
+const MAX_LATE_COPIES: usize = 256;
 
 /// A hole that a retransmission filled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -227,24 +242,14 @@ impl FlowLog {
         }
     }
 
-    /// The wire saw a retransmission of [start, end).
-    pub fn wire_retransmission(&mut self, start: u64, end: u64) {
+    /// The wire saw a late copy of [start, end): `resent` (the real
+    /// sender's retransmission, or a second copy), or an original.
+    pub fn wire_copy(&mut self, start: u64, end: u64, resent: bool) {
         if let Some(a) = &mut self.acks {
-            if a.recent_retransmissions.len() == 256 {
-                a.recent_retransmissions.pop_front();
+            if a.late_copies.len() == MAX_LATE_COPIES {
+                a.late_copies.pop_front();
             }
-            a.recent_retransmissions.push_back((start, end));
-        }
-    }
-
-    /// The wire saw an original copy of [start, end): a later TCP-layer
-    /// arrival of it is that copy, not an earlier retransmission.
-    pub fn wire_original(&mut self, start: u64, end: u64) {
-        if let Some(a) = &mut self.acks {
-            if !a.recent_retransmissions.is_empty() {
-                a.recent_retransmissions
-                    .retain(|&(s, e)| e <= start || s >= end);
-            }
+            a.late_copies.push_back(WireCopy { start, end, resent });
         }
     }
 
@@ -270,19 +275,30 @@ impl FlowLog {
             return;
         };
         let a = self.acks.get_or_insert_with(Box::default);
-        // The retransmitted prefix of the skb; each wire retransmission is
-        // taken once, by the TCP-layer arrival that carries it.
+        // Each late wire copy is taken once, oldest first, by the
+        // TCP-layer arrival that carries it; the resent ones at its start
+        // are its retransmitted prefix.
         let mut until = arrival.start;
-        while until < arrival.end {
-            let Some(i) = a
-                .recent_retransmissions
-                .iter()
-                .position(|&(s, e)| s <= until && e > until)
-            else {
+        let mut at = arrival.start;
+        let mut prefix = true;
+        while at < arrival.end && !a.late_copies.is_empty() {
+            // The oldest copy carrying `at`, else the first one further in.
+            let copies = &a.late_copies;
+            let here = copies.iter().position(|c| c.start <= at && c.end > at);
+            let further = || {
+                (0..copies.len())
+                    .filter(|&i| copies[i].start > at && copies[i].start < arrival.end)
+                    .min_by_key(|&i| copies[i].start)
+            };
+            let Some(i) = here.or_else(further) else {
                 break;
             };
-            let (_, e) = a.recent_retransmissions.remove(i).expect("found");
-            until = e.min(arrival.end);
+            let c = a.late_copies.remove(i).expect("found");
+            prefix &= c.resent && c.start <= at;
+            if prefix {
+                until = c.end.min(arrival.end);
+            }
+            at = c.end;
         }
         arrival.retransmitted_until = until;
         arrival.t_ns = arrival.t_ns.saturating_sub(first);
@@ -588,5 +604,51 @@ mod tests {
         assert_eq!(log.gaps_over(2_000_000), 2);
         assert_eq!(log.gaps_over(10_000_000), 1);
         assert_eq!(log.gaps_over(100_000_000), 0);
+    }
+
+    /// TCP-layer arrivals of [start, end) after the wire's `copies`
+    /// (resent or not): where each one's retransmitted prefix ends.
+    fn prefixes(copies: &[(u64, u64, bool)], arrivals: &[(u64, u64)]) -> Vec<u64> {
+        let mut log = FlowLog::default();
+        log.arrival(1_000, 1000);
+        let tcp = |log: &mut FlowLog, start, end| {
+            log.tcp_arrival(TcpArrival {
+                t_ns: 2_000,
+                start,
+                end,
+                retransmitted_until: start,
+                ..Default::default()
+            })
+        };
+        tcp(&mut log, 0, 1000);
+        for &(start, end, resent) in copies {
+            log.wire_copy(start, end, resent);
+        }
+        for &(start, end) in arrivals {
+            tcp(&mut log, start, end);
+        }
+        let a = log.acks.as_deref().unwrap();
+        a.tcp[1..].iter().map(|t| t.retransmitted_until).collect()
+    }
+
+    #[test]
+    fn each_tcp_arrival_takes_its_own_wire_copy() {
+        // A retransmission and a second copy of it, both through XDP before
+        // TCP took the first: both resent.
+        let rtx = (2000, 3000, true);
+        let twice = [(2000, 3000), (2000, 3000)];
+        assert_eq!(prefixes(&[rtx, rtx], &twice), [3000, 3000]);
+        // A retransmission, then the late original behind it.
+        assert_eq!(prefixes(&[rtx, (2000, 3000, false)], &twice), [3000, 2000]);
+        // The original first, then its retransmission.
+        assert_eq!(prefixes(&[(2000, 3000, false), rtx], &twice), [2000, 3000]);
+        // GRO merged a retransmission with a late original after it, then
+        // with new data: the prefix is the retransmission; nothing is left
+        // for a later arrival to take.
+        let merged = prefixes(&[rtx, (3000, 4000, false)], &[(2000, 4000), (3000, 4000)]);
+        assert_eq!(merged, [3000, 3000]);
+        assert_eq!(prefixes(&[rtx], &[(2000, 5000)]), [3000]);
+        // A copy that starts inside the arrival is no prefix.
+        assert_eq!(prefixes(&[(2500, 3000, true)], &[(2000, 3000)]), [2000]);
     }
 }
