@@ -383,3 +383,60 @@ fn distributions_keep_large_values() {
     assert_eq!(d.mean, (1.0 + 1448.0 + 130_320.0 + 2_000_000.0) / 4.0);
     assert!(d.p50.abs_diff(1448) <= 145, "{d:?}");
 }
+
+#[test]
+fn a_copy_of_what_the_receiving_tcp_missed_is_its_retransmission() {
+    let mut e = Engine::new(EngineConfig::default());
+    let f = flow(1);
+    let isn = 0;
+    let probe = |n: u32| {
+        Observation::TcpProbe(TcpProbe {
+            ts_ns: (20 + u64::from(n)) * 1000,
+            cpu: 0,
+            ifindex: 1,
+            flow: f,
+            seq: 1 + n * MSS,
+            end_seq: 1 + (n + 1) * MSS,
+            ack: 0,
+            payload_len: MSS,
+            flags: 0x10,
+            srtt_us: 40,
+            snd_cwnd: 10,
+            snd_una: 0,
+            snd_nxt: 0,
+            rcv_nxt: 1 + n.min(2) * MSS,
+            gso_segs: 1,
+            tsval: Some(1000),
+            ts_recent: 1000,
+        })
+    };
+    e.segment(&syn(f, isn, 0, 0));
+    // Segments 0-4 pass XDP in order, all in one timestamp tick; the
+    // receiving TCP never takes segment 2 (dropped in between).
+    for n in 0..5 {
+        e.segment(&Segment {
+            ip_id: Some(n as u16),
+            timestamp: Some((1000, 7)),
+            ..seg(f, isn, n, 10 + u64::from(n), 0, 0)
+        });
+        if n != 2 {
+            e.observe_obs(&probe(n));
+        }
+    }
+    // The sender's retransmission of 2, in the same tick: a duplicate on
+    // the wire, the first copy at the TCP layer.
+    let again = Segment {
+        ip_id: Some(9),
+        timestamp: Some((1000, 7)),
+        ..seg(f, isn, 2, 30, 0, 0)
+    };
+    assert_eq!(e.segment(&again).map(|c| c.class), Some(Class::Duplicate));
+    e.observe_obs(&probe(2));
+    let w = e.flow(f, 0).wire.as_ref().unwrap();
+    let last = *w.log.acks.as_deref().unwrap().tcp.last().unwrap();
+    assert_eq!(last.end - last.start, u64::from(MSS));
+    assert_eq!(
+        last.retransmitted_until, last.end,
+        "the whole copy is resent"
+    );
+}
