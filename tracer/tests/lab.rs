@@ -154,8 +154,14 @@ fn off_mode_reports_no_reordering() {
             }
             // Replayed, a trace without reordering fools no sender.
             for p in f["replay"]["policies"].as_array().unwrap() {
-                assert_eq!(u(&p["spurious_retransmissions"]), 0, "{}", p["name"]);
-                assert_eq!(u(&p["spurious_recovery_episodes"]), 0, "{}", p["name"]);
+                let why = || {
+                    let copies = ["retransmissions", "duplicates", "ambiguous", "tcp_layer"]
+                        .map(|k| format!("{k} {}", f[k]));
+                    let receiver = &r["lab"]["receiver_counters"];
+                    format!("{}: {copies:?}, receiver {receiver}", p["name"])
+                };
+                assert_eq!(u(&p["spurious_retransmissions"]), 0, "{}", why());
+                assert_eq!(u(&p["spurious_recovery_episodes"]), 0, "{}", why());
             }
         }
         assert_clean();

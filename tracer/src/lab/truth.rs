@@ -196,6 +196,8 @@ pub const RECEIVER_COUNTERS: &[&str] = &[
     // Segments received entirely below rcv_nxt: duplicates (a spurious
     // retransmission or its late original), DSACKed when SACK is on.
     "DelayedACKLost",
+    // Segments the socket's full backlog dropped: past XDP, never at TCP.
+    "TCPBacklogDrop",
 ];
 /// Sender counters: reordering its loss detection noticed, and spurious
 /// retransmissions the receiver reported.
