@@ -97,6 +97,10 @@ struct TraceArgs {
     /// DSACK) as Linux does; default: never, as Windows before RACK-TLP.
     #[arg(long)]
     classic_undo: bool,
+    /// Replay: transmit times from the sender's TCP timestamps (1 ms
+    /// ticks) even where its socket is this host's, as for a remote sender.
+    #[arg(long)]
+    timestamp_clock: bool,
 }
 
 impl TraceArgs {
@@ -135,6 +139,7 @@ impl TraceArgs {
             dupthresh: whole("--dupthresh", self.dupthresh)?,
             reo_wnd_mult: whole("--reo-wnd-mult", self.reo_wnd_mult)?,
             classic_undo: self.classic_undo,
+            timestamp_clock: self.timestamp_clock,
         };
         Ok(Engine::new(EngineConfig {
             max_flows: self.max_flows,

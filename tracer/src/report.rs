@@ -320,10 +320,10 @@ fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
             from(a.bottleneck_from),
             a.mss_bytes,
             a.duration_s,
-            if a.ack_level {
-                "ACK by ACK over the receiver's TCP layer"
-            } else {
-                "from the wire's late originals"
+            match (a.ack_level, a.send_times_from) {
+                (true, Source::Sender) => "ACK by ACK over the receiver's TCP layer, sent when the sender's socket says",
+                (true, _) => "ACK by ACK over the receiver's TCP layer, sent when the timestamps say",
+                (false, _) => "from the wire's late originals",
             }
         );
     }

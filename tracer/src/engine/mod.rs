@@ -30,7 +30,9 @@ use crate::{
 use density::{BufferDensity, ReorderDensity};
 use flows::FlowTable;
 
-use crate::replay::{self, FlowLog, LateOriginal, Refill, Replay, ReplayConfig, TcpArrival};
+use crate::replay::{
+    self, FlowLog, LateOriginal, Refill, Replay, ReplayConfig, SenderAck, TcpArrival,
+};
 use order::{Arrival, Class, Late, OrderDetector, Outcome, Unwrap, MAX_N};
 use tracer_common::tcp_flags::{ACK, RST, SYN};
 
@@ -731,7 +733,7 @@ impl Engine {
     /// Tells the replay what the sender's socket did on `flow` (a socket
     /// this host owns): when it took each ACK ((cumulative ACK,
     /// CLOCK_MONOTONIC ns), in its order) and when it retransmitted.
-    pub fn set_sender_socket(&mut self, flow: &Flow, acks: &[(u32, u64)], retransmits: &[u64]) {
+    pub fn set_sender_socket(&mut self, flow: &Flow, acks: &[SenderAck], retransmits: &[u64]) {
         if let Some(w) = self.flows.peek_mut(flow).and_then(|f| f.wire.as_mut()) {
             w.log.sender_socket(acks, retransmits);
         }

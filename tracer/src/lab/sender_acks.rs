@@ -1,9 +1,10 @@
-//! When each ACK reached the sending socket, and when it retransmitted:
-//! the TCP tracepoints (no XDP: the ACK path stays as it was) in the
-//! client's namespace, drained on a thread while the upload runs. With
-//! them the replay hears of each arrival when the real sender did, and its
-//! retransmissions leave as late after their ACK as the real ones did,
-//! instead of assuming either delay.
+//! When each ACK reached the sending socket, its SND.NXT then, and when it
+//! retransmitted: the TCP tracepoints (no XDP: the ACK path stays as it
+//! was) in the client's namespace, drained on a thread while the upload
+//! runs. With them the replay hears of each arrival when the real sender
+//! did, knows when each segment left (what an ACK released left right
+//! after it), and its retransmissions leave as late after their ACK as the
+//! real ones did, instead of assuming any of it.
 
 use std::{
     collections::HashMap,
@@ -21,6 +22,7 @@ use super::{Topology, CLIENT_IF, SERVER_PORT};
 use crate::{
     kernel::{Tracer, TracerOptions},
     record,
+    replay::SenderAck,
     source::{self, Flow, Observation},
 };
 
@@ -31,9 +33,9 @@ pub const MAX_ACKS_PER_FLOW: usize = 1 << 20;
 /// The senders' ACKs, by the flow of the data they acknowledge.
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct SenderAcks {
-    /// (cumulative ACK, CLOCK_MONOTONIC ns) in processing order.
+    /// In processing order.
     #[serde(skip)]
-    pub acks: HashMap<Flow, Vec<(u32, u64)>>,
+    pub acks: HashMap<Flow, Vec<SenderAck>>,
     /// When each sender socket retransmitted (CLOCK_MONOTONIC ns), by flow.
     #[serde(skip)]
     pub retransmits: HashMap<Flow, Vec<u64>>,
@@ -130,7 +132,11 @@ fn drain(tracer: &mut Tracer, out: &mut SenderAcks) {
         }
         let acks = out.acks.entry(p.flow.reversed()).or_default();
         if acks.len() < MAX_ACKS_PER_FLOW {
-            acks.push((p.ack, p.ts_ns));
+            acks.push(SenderAck {
+                ack: p.ack,
+                snd_nxt: p.snd_nxt,
+                ts_ns: p.ts_ns,
+            });
             out.seen += 1;
         } else {
             out.over_cap += 1;

@@ -270,18 +270,27 @@ fn set_max_pacing_rate(stream: &TcpStream, bytes_per_sec: u64) -> Result<()> {
 }
 
 /// The congestion control the lab's senders run: CUBIC, what the replay
-/// models (a host's default may differ: this machine's is BBR, which also
-/// paces). Set per socket, which root may do for any built-in algorithm.
+/// models (a host's default may differ: this machine's is BBR). Set per
+/// socket before it connects, which root may do for any built-in
+/// algorithm.
 pub const CONGESTION_CONTROL: &str = "cubic";
 
-fn set_congestion_control(stream: &TcpStream, name: &str) -> Result<()> {
-    set_option(
-        stream,
-        libc::IPPROTO_TCP,
-        libc::TCP_CONGESTION,
-        name.as_bytes(),
-    )
-    .with_context(|| format!("setting TCP_CONGESTION to {name}"))
+/// A client socket that runs [`CONGESTION_CONTROL`] from its first
+/// segment. (One switched after connecting keeps what the default asked
+/// for at the start: BBR's, TCP's internal pacing, which then sends a third
+/// of the retransmissions from its timer, hundreds of µs after the ACK
+/// that called for them.)
+fn connect(to: SocketAddr) -> Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP))
+        .context("lab client socket")?;
+    socket
+        .set_tcp_congestion(CONGESTION_CONTROL.as_bytes())
+        .with_context(|| format!("setting TCP_CONGESTION to {CONGESTION_CONTROL}"))?;
+    socket
+        .connect_timeout(&to.into(), Duration::from_secs(5))
+        .with_context(|| format!("lab client connecting to {to}"))?;
+    Ok(socket.into())
 }
 
 fn send(
@@ -292,11 +301,7 @@ fn send(
     deadline: Instant,
     stop: &AtomicBool,
 ) -> Result<Sent> {
-    let mut stream = in_netns(ns, || {
-        TcpStream::connect_timeout(&to, Duration::from_secs(5))
-    })?
-    .with_context(|| format!("lab client connecting to {to}"))?;
-    set_congestion_control(&stream, CONGESTION_CONTROL)?;
+    let mut stream = in_netns(ns, || connect(to))??;
     stream.set_write_timeout(Some(POLL))?;
     stream.set_read_timeout(Some(POLL))?;
     if let Some(rate) = pacing {

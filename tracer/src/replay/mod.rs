@@ -80,6 +80,19 @@ pub struct TcpArrival {
     pub rcv_nxt: u32,
 }
 
+/// One ACK as the sender's socket took it (a socket this host owns: the
+/// `tcp_probe` tracepoint before the ACK is processed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SenderAck {
+    /// Its cumulative ACK.
+    pub ack: u32,
+    /// The sender's SND.NXT before taking it: what it releases is sent
+    /// right after.
+    pub snd_nxt: u32,
+    /// CLOCK_MONOTONIC ns.
+    pub ts_ns: u64,
+}
+
 /// The first segment with a new TSval: its sender's timestamp clock had
 /// just ticked.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,6 +118,9 @@ pub struct AckLog {
     /// host's (the lab's senders): (cumulative ACK, ns from the flow's
     /// first data segment), in its order.
     pub sender_acks: Vec<(u32, u64)>,
+    /// The sender's SND.NXT as it took each ACK: (ns from the flow's
+    /// first data segment, extended sequence number), both rising.
+    pub sender_sent: Vec<(u64, u64)>,
     /// When that socket retransmitted (ns from the flow's first data
     /// segment).
     pub sender_retransmits: Vec<u64>,
@@ -254,17 +270,27 @@ impl FlowLog {
     }
 
     /// What the sender's socket did on this flow, when that socket is this
-    /// host's: when it took each ACK ((cumulative ACK, CLOCK_MONOTONIC ns),
-    /// in its order) and when it retransmitted. Kept if the flow's TCP
-    /// layer is traced.
-    pub fn sender_socket(&mut self, acks: &[(u32, u64)], retransmits: &[u64]) {
+    /// host's: each ACK it took, in its order, and when it retransmitted
+    /// (CLOCK_MONOTONIC ns). Kept if the flow's TCP layer is traced.
+    pub fn sender_socket(&mut self, acks: &[SenderAck], retransmits: &[u64]) {
         let (Some(first), Some(a)) = (self.first_ns, &mut self.acks) else {
             return;
         };
         let since_first = |t: u64| t.checked_sub(first);
         a.sender_acks = acks
             .iter()
-            .filter_map(|&(ack, t)| Some((ack, since_first(t)?)))
+            .filter_map(|s| Some((s.ack, since_first(s.ts_ns)?)))
+            .collect();
+        // SND.NXT in the wire's numbering, unwrapped step by step from the
+        // flow's first data (it only rises).
+        let mut at = a.tcp.first().map_or(0, |t| t.start);
+        a.sender_sent = acks
+            .iter()
+            .filter_map(|s| {
+                let step = i64::from(s.snd_nxt.wrapping_sub(at as u32) as i32);
+                at = at.saturating_add_signed(step).max(at);
+                Some((since_first(s.ts_ns)?, at))
+            })
             .collect();
         a.sender_retransmits = retransmits.iter().filter_map(|&t| since_first(t)).collect();
     }
@@ -409,6 +435,9 @@ pub struct ReplayConfig {
     /// (default: measured per ACK where the sender is this host's, else
     /// min_RTT).
     pub ack_delay_us: Option<f64>,
+    /// Transmit times from the sender's timestamps even where its socket
+    /// is this host's (as a remote sender's must be).
+    pub timestamp_clock: bool,
 }
 
 /// The path a flow's replay ran with, and where each figure came from.
@@ -421,6 +450,11 @@ pub struct Assumptions {
     /// measured: the median; the replay then uses each ACK's own).
     pub ack_delay_us: f64,
     pub ack_delay_from: Source,
+    /// Where the segments' transmit times come from: the sender's socket
+    /// (its SND.NXT as it took each ACK), else its timestamps (1 ms ticks,
+    /// interpolated by sequence: a burst sent within a tick looks spread
+    /// over it).
+    pub send_times_from: Source,
     pub bottleneck_bps: f64,
     pub bottleneck_from: Source,
     pub mss_bytes: u32,
@@ -476,12 +510,22 @@ impl ReplayConfig {
             // forward: an ACK that does not queue takes the whole minimum.
             (None, None) => (min_rtt_us, Source::Default),
         };
+        let sender_clock = log
+            .acks
+            .as_deref()
+            .is_some_and(|l| l.sender_sent.len() >= 2);
+        let send_times_from = if sender_clock && !self.timestamp_clock {
+            Source::Sender
+        } else {
+            Source::Trace
+        };
         Assumptions {
             rtt_us,
             rtt_from,
             min_rtt_us,
             ack_delay_us,
             ack_delay_from,
+            send_times_from,
             bottleneck_bps,
             bottleneck_from,
             mss_bytes: log.max_payload.max(1),
@@ -650,5 +694,44 @@ mod tests {
         assert_eq!(prefixes(&[rtx], &[(2000, 5000)]), [3000]);
         // A copy that starts inside the arrival is no prefix.
         assert_eq!(prefixes(&[(2500, 3000, true)], &[(2000, 3000)]), [2000]);
+    }
+
+    #[test]
+    fn the_senders_snd_nxt_is_unwrapped_in_the_wires_numbering() {
+        let mut log = FlowLog::default();
+        log.arrival(1_000, 1000);
+        let start = (1u64 << 40) + 0xFFFF_F000;
+        log.tcp_arrival(TcpArrival {
+            t_ns: 1_000,
+            start,
+            end: start + 1000,
+            retransmitted_until: start,
+            ..Default::default()
+        });
+        let at = |ts_ns, snd_nxt| SenderAck {
+            ack: 0,
+            snd_nxt,
+            ts_ns,
+        };
+        // Before the first data (dropped), then across the 2^32 wrap.
+        let acks = [
+            at(500, 0xFFFF_E000),
+            at(1_500, 0xFFFF_F000),
+            at(2_500, 0xFFFF_FF00),
+            at(3_500, 0x100),
+            at(4_500, 0x1000),
+        ];
+        log.sender_socket(&acks, &[]);
+        let a = log.acks.as_deref().unwrap();
+        assert_eq!(
+            a.sender_sent,
+            [
+                (500, start),
+                (1_500, start + 0xF00),
+                (2_500, start + 0x1100),
+                (3_500, start + 0x2000)
+            ]
+        );
+        assert_eq!(a.sender_acks.len(), 4);
     }
 }

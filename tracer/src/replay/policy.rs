@@ -353,7 +353,11 @@ impl Policy {
         // the sender's timestamps are in the trace; else (and always for
         // linux-adaptive) from the late originals.
         let ack_level = log.acks.as_deref().filter(|_| a.ack_level).and_then(|l| {
-            acks::SendClock::new(&l.ticks)
+            let sender = match a.send_times_from {
+                super::Source::Sender => &l.sender_sent[..],
+                _ => &[],
+            };
+            acks::SendClock::new(&l.ticks, sender)
                 .filter(|_| !l.tcp.is_empty())
                 .map(|c| (l, c))
         });
