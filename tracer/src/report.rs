@@ -138,7 +138,7 @@ pub fn text(
         );
         let _ = writeln!(
             out,
-            "  (replay is experimental: against Linux senders in the lab, ACK by ACK, within 30% at 100-200 re-points/s, up to 1.8x high at 20/s; see the README)"
+            "  (replay is experimental: against the lab's Linux senders, RACK-TLP within 30% in 45 of 47 runs with the sender's own transmit times, 1.2-1.9x high from its timestamps as for a remote sender; classic has no Linux sender to check against; see the README)"
         );
         replay_lines(&mut out, &s.totals.replay, "  ");
     }

@@ -515,8 +515,8 @@ fn sigint_mid_run_reports_and_removes_everything() {
 /// real Linux senders did in the same run, summed over 4 flows of 64 MiB,
 /// ACK by ACK with each ACK heard when the sender's socket took it and each
 /// segment sent when that socket sent it. RACK-TLP / DSACKed was measured
-/// here (README, "Replay") at 0.66-1.15 at 20 re-points/s (23 runs),
-/// 0.69-1.03 at 50 (10), 1.03-1.19 at 100 (4), 0.95-1.17 at 200 (10): the
+/// here (README, "Replay") at 0.66-1.15 at 20 re-points/s (21 runs),
+/// 0.69-1.03 at 50 (11), 1.03-1.19 at 100 (4), 0.95-1.17 at 200 (11): the
 /// band, one run per intensity, is 0.6-1.4.
 #[test]
 fn replay_predictions_agree_with_the_linux_senders() {
