@@ -66,9 +66,10 @@ pub fn record_upload(topo: &Topology, tracer: &mut Tracer, spec: &UploadSpec) ->
         &mut engine,
         &mut [&mut collect],
         || upload.finished(),
-        &RecordOptions {
+        RecordOptions {
             duration: Some(spec.timeout + Duration::from_secs(5)),
             progress: false,
+            live: None,
         },
     )?;
     let results = upload.join()?;

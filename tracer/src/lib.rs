@@ -17,6 +17,7 @@ pub mod replay;
 pub mod report;
 pub mod snapshot;
 pub mod source;
+pub mod tui;
 
 pub use error::{require_root, SetupError};
 pub use filter::Filter;

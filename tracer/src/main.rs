@@ -5,7 +5,7 @@
 //! events (ring buffer full, or tracepoint runs it skipped), so the results
 //! are incomplete.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
@@ -17,7 +17,7 @@ use tracer::{
     record::{self, Outcome, RecordOptions, Sink, StopReason},
     report,
     snapshot::Snapshot,
-    Filter, SetupError,
+    tui, Filter, SetupError,
 };
 
 #[derive(Parser)]
@@ -35,6 +35,10 @@ struct Cli {
 enum Command {
     /// Trace TCP segments received on an interface.
     Record(RecordArgs),
+    /// The same, watched live: a full-screen view of reordering, late
+    /// times, queues and CPUs, flow by flow (a progress line per second
+    /// when stdout is not a terminal); the full report on exit.
+    Live(RecordArgs),
     /// Reproduce flow-steering reordering on this machine: a kernel-TCP
     /// upload through an emulated flow-director NIC, traced, checked against
     /// the lab's ground truth; everything removed at the end.
@@ -215,6 +219,9 @@ struct LabArgs {
     /// one burst, and tolerates more reordering within it.
     #[arg(long)]
     no_sender_gso: bool,
+    /// Watch it in the live view (as `tracer live`), then the report.
+    #[arg(long)]
+    live: bool,
     /// Pace each sender to at most MBIT Mbit/s (0: unpaced). Default:
     /// 200 in pattern mode, whose userspace reorderer keeps exact order only
     /// at moderate rates; unpaced otherwise.
@@ -278,7 +285,8 @@ fn ring_bytes(mib: u32) -> Result<u32, SetupError> {
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let result = match Cli::parse().command {
-        Command::Record(args) => record_cmd(args),
+        Command::Record(args) => record_cmd(args, false),
+        Command::Live(args) => record_cmd(args, true),
         Command::Lab(args) => lab_cmd(args),
     };
     match result {
@@ -301,7 +309,7 @@ fn open_outputs(trace: &TraceArgs) -> Result<Option<JsonLines>> {
     Ok(trace.out.as_deref().map(JsonLines::create).transpose()?)
 }
 
-fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
+fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
     let filter = Filter::parse(args.filter.as_deref().unwrap_or(""))?;
     let duration = args
         .duration
@@ -329,6 +337,7 @@ fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
             .unwrap_or_default(),
         tracer.mode
     );
+    let mut screen = LiveScreen::open(live, &tracer)?;
     let outcome = collect(
         &mut tracer,
         &mut engine,
@@ -336,8 +345,10 @@ fn record_cmd(args: RecordArgs) -> Result<ExitCode> {
         || false,
         duration,
         !args.trace.quiet,
-    )?;
+        screen.link(),
+    );
     drop(tracer);
+    let outcome = screen.close(outcome)?;
     print_report(
         &engine.snapshot().with_kernel(&outcome.counters),
         &outcome,
@@ -355,6 +366,7 @@ fn collect(
     until: impl FnMut() -> bool,
     duration: Option<Duration>,
     progress: bool,
+    live: Option<&mut tui::Link>,
 ) -> Result<Outcome> {
     let mut sinks: Vec<&mut dyn Sink> = Vec::new();
     if let Some(out) = out {
@@ -365,8 +377,58 @@ fn collect(
         engine,
         &mut sinks,
         until,
-        &RecordOptions { duration, progress },
+        RecordOptions {
+            duration,
+            // The screen shows what the progress line would.
+            progress: progress && live.is_none(),
+            live,
+        },
     )
+}
+
+/// The live view while collecting, when asked for and stdout is a
+/// terminal (else the progress lines stand in for it).
+struct LiveScreen(Option<(tui::Link, tui::Screen)>);
+
+impl LiveScreen {
+    fn open(wanted: bool, tracer: &Tracer) -> Result<Self> {
+        if !wanted || !std::io::stdout().is_terminal() {
+            return Ok(Self(None));
+        }
+        let source = format!(
+            "{}{} (XDP {})",
+            tracer.iface,
+            tracer
+                .netns
+                .as_ref()
+                .map(|n| format!(" in netns {n}"))
+                .unwrap_or_default(),
+            tracer.mode
+        );
+        Ok(Self(Some(tui::start(source)?)))
+    }
+
+    fn link(&mut self) -> Option<&mut tui::Link> {
+        self.0.as_mut().map(|(link, _)| link)
+    }
+
+    /// After the collection: a finished one stays on screen until `q`; a
+    /// stopped or failed one closes at once. The terminal is back after.
+    fn close(self, outcome: Result<Outcome>) -> Result<Outcome> {
+        let Some((link, screen)) = self.0 else {
+            return outcome;
+        };
+        match &outcome {
+            Ok(o) if matches!(o.stop, StopReason::Finished | StopReason::Duration) => link
+                .finished(match o.stop {
+                    StopReason::Duration => "duration reached".into(),
+                    _ => "transfer finished".into(),
+                }),
+            _ => link.close(),
+        }
+        screen.wait()?;
+        outcome
+    }
 }
 
 /// The final report, text or JSON; `extra` is added to the JSON's top level.
@@ -537,6 +599,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         lab.topo.queues,
         tracer.mode
     );
+    let mut screen = LiveScreen::open(args.live, &tracer)?;
     lab.start_upload()?;
     let outcome = collect(
         &mut tracer,
@@ -545,11 +608,13 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         || lab.finished(),
         Some(timeout + Duration::from_secs(1)),
         !args.trace.quiet,
+        screen.link(),
     );
     let lab_outcome = lab.finish();
     drop(tracer);
     drop(lab);
-    let outcome = outcome?;
+    // (Everything the lab made is gone while the view waits for `q`.)
+    let outcome = screen.close(outcome)?;
     if let Ok(l) = &lab_outcome {
         // The senders are this host's sockets: the replay uses their RTTs
         // (the smoothed one as it was during the transfer).

@@ -19,6 +19,7 @@ use crate::{
     kernel::{Counters, Tracer},
     report,
     source::{self, Observation},
+    tui,
 };
 
 /// Something that consumes the observation stream.
@@ -48,11 +49,13 @@ pub enum StopReason {
     Finished,
 }
 
-pub struct RecordOptions {
+pub struct RecordOptions<'a> {
     /// Stop after this long.
     pub duration: Option<Duration>,
     /// Print a progress line to stderr every second.
     pub progress: bool,
+    /// The live view: sampled every [`tui::FRAME`]; its `q` stops the run.
+    pub live: Option<&'a mut tui::Link>,
 }
 
 pub struct Outcome {
@@ -80,12 +83,13 @@ pub fn run(
     engine: &mut Engine,
     sinks: &mut [&mut dyn Sink],
     mut until: impl FnMut() -> bool,
-    opts: &RecordOptions,
+    mut opts: RecordOptions,
 ) -> Result<Outcome> {
     let signals = StopSignals::install()?;
     let start = Instant::now();
     let deadline = opts.duration.map(|d| start + d);
     let mut last_tick = start;
+    let mut last_frame = start;
     let mut last_live = engine.live();
     let mut received = 0u64;
     let mut decode_errors = 0u64;
@@ -99,6 +103,15 @@ pub fn run(
         let now = Instant::now();
         if deadline.is_some_and(|d| now >= d) {
             break StopReason::Duration;
+        }
+        if let Some(link) = opts.live.as_deref_mut() {
+            if link.quit_requested() {
+                break StopReason::Signal("q");
+            }
+            if now >= last_frame + tui::FRAME {
+                link.tick(engine, &tracer.counters()?, now - start);
+                last_frame = now;
+            }
         }
         if now >= last_tick + TICK {
             for sink in sinks.iter_mut() {

@@ -9,7 +9,7 @@ use crate::{
     engine::{
         order::MAX_N,
         verdict::{self, Verdict},
-        EngineConfig, FlowState, FlowTotals, Hist, HistData, Metrics, TcpLayer,
+        EngineConfig, FlowState, FlowTotals, Hist, HistData, Metrics, Path, TcpLayer,
     },
     kernel::Counters,
     replay::Replay,
@@ -268,6 +268,8 @@ pub struct Totals {
     #[serde(flatten)]
     pub reordering: Reordering,
     pub tcp_layer: TcpLayer,
+    /// The (RX queue, CPU) matrix over all flows.
+    pub paths: Vec<PathReport>,
     pub local_retransmit_events: u64,
     /// Flows per verdict.
     pub verdicts: BTreeMap<Verdict, u64>,
@@ -292,6 +294,8 @@ pub struct FlowReport {
     pub reordering: Reordering,
     pub rx_queues: Vec<Spread>,
     pub cpus: Vec<Spread>,
+    /// The (RX queue, CPU) matrix: segments and reorder events.
+    pub paths: Vec<PathReport>,
     pub verdict: Verdict,
     pub evidence: String,
     pub tcp_layer: TcpLayer,
@@ -316,16 +320,47 @@ impl std::ops::Deref for FlowReport {
     }
 }
 
-fn spread(list: &[(u32, u64)]) -> Vec<Spread> {
-    let mut v: Vec<_> = list
-        .iter()
-        .map(|&(id, segments)| Spread { id, segments })
+/// Segments by RX queue or CPU.
+fn spread(paths: &[Path], id: impl Fn(&Path) -> u32) -> Vec<Spread> {
+    let mut by: BTreeMap<u32, u64> = BTreeMap::new();
+    for p in paths {
+        *by.entry(id(p)).or_default() += p.segments;
+    }
+    by.into_iter()
+        .map(|(id, segments)| Spread { id, segments })
+        .collect()
+}
+
+/// Segments and reorder events on one (RX queue, CPU).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PathReport {
+    pub queue: u32,
+    pub cpu: u32,
+    pub segments: u64,
+    /// Reordered segments that arrived there.
+    pub reordered: u64,
+}
+
+fn path_reports(paths: impl Iterator<Item = Path>) -> Vec<PathReport> {
+    let mut v: Vec<PathReport> = paths
+        .map(|p| PathReport {
+            queue: p.queue,
+            cpu: p.cpu,
+            segments: p.segments,
+            reordered: p.reordered,
+        })
         .collect();
-    v.sort_by_key(|s| s.id);
+    v.sort_by_key(|p| (p.queue, p.cpu));
     v
 }
 
-pub(crate) fn flow_report(flow: &Flow, f: &FlowState, cfg: &EngineConfig) -> FlowReport {
+/// `replay`: run the flow's replay too (the costly part).
+pub(crate) fn flow_report(
+    flow: &Flow,
+    f: &FlowState,
+    cfg: &EngineConfig,
+    replay: bool,
+) -> FlowReport {
     let m = f.wire_metrics().unwrap_or_default();
     let (verdict, evidence) = verdict::judge(&m, &cfg.verdict);
     FlowReport {
@@ -333,15 +368,16 @@ pub(crate) fn flow_report(flow: &Flow, f: &FlowState, cfg: &EngineConfig) -> Flo
         dst: flow.dst.to_string(),
         segments: f.segments,
         reordering: Reordering::of(&m),
-        rx_queues: spread(&f.rx_queues),
-        cpus: spread(&f.cpus),
+        rx_queues: spread(&f.paths, |p| p.queue),
+        cpus: spread(&f.paths, |p| p.cpu),
+        paths: path_reports(f.paths.iter().copied()),
         verdict,
         evidence,
         tcp_layer: f.tcp_layer,
         local_retransmits: f.local_retransmits,
         rtt_us: f.rtt_ns.map(|n| n / 1000),
         duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
-        replay: f.replay(&cfg.replay),
+        replay: if replay { f.replay(&cfg.replay) } else { None },
     }
 }
 
@@ -368,6 +404,14 @@ pub(crate) fn build(
             segments: totals.segments,
             reordering: Reordering::of(&totals.m),
             tcp_layer: totals.tcp_layer,
+            paths: path_reports(totals.paths.iter().map(
+                |(&(queue, cpu), &(segments, reordered))| Path {
+                    queue,
+                    cpu,
+                    segments,
+                    reordered,
+                },
+            )),
             local_retransmit_events: retransmit_events,
             verdicts,
             dropped_events: 0,

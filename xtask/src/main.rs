@@ -21,7 +21,8 @@ enum Task {
     /// Check and install what building and testing need (idempotent).
     Setup,
     /// Set up if needed, build in release mode, and run `tracer ARGS` as root
-    /// (no ARGS: `tracer lab`, the flow-steering demo).
+    /// (no ARGS: `tracer lab --live`, the flow-steering demo in the live
+    /// view).
     BuildAndRun {
         #[arg(last = true)]
         args: Vec<String>,
@@ -49,8 +50,16 @@ const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// Debian packages the tracer and its tests call: `ip`/`ss`/`nstat`,
 /// `bpftool` (an independent BTF reader in a unit test), `runuser` (the
 /// not-root test), `iptables` (drops that force retransmissions; the lab's
-/// NFQUEUE rule in pattern mode) and `ethtool`.
-const APT_PACKAGES: &[&str] = &["iproute2", "bpftool", "util-linux", "iptables", "ethtool"];
+/// NFQUEUE rule in pattern mode), `ethtool`, and `tmux` (a terminal for the
+/// live view's end-to-end test).
+const APT_PACKAGES: &[&str] = &[
+    "iproute2",
+    "bpftool",
+    "util-linux",
+    "iptables",
+    "ethtool",
+    "tmux",
+];
 
 fn main() -> ExitCode {
     match run(Cli::parse()) {
@@ -176,7 +185,7 @@ fn build_and_run(args: Vec<String>) -> Result<ExitCode> {
     sh(cargo().args(["build", "--release", "--package", "tracer"]))?;
     let bin = root_dir().join("target/release/tracer");
     let args = if args.is_empty() {
-        vec!["lab".to_string()]
+        ["lab", "--live"].map(String::from).to_vec()
     } else {
         args
     };

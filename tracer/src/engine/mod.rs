@@ -376,10 +376,10 @@ pub struct FlowState {
     /// TCP-layer order (tcp_probe): classes only.
     tcp: Option<Box<(Unwrap, OrderDetector)>>,
     pub tcp_layer: TcpLayer,
-    /// All XDP segments (data or not) and their spread.
+    /// All XDP segments (data or not) and their spread over (RX queue,
+    /// CPU).
     pub segments: u64,
-    pub rx_queues: Spread,
-    pub cpus: Spread,
+    pub paths: Paths,
     pub local_retransmits: u64,
     /// The ISN, when the SYN was seen in this direction.
     isn: Option<u32>,
@@ -452,14 +452,30 @@ impl FlowState {
     }
 }
 
-/// Segments per RX queue or CPU: (queue or CPU, count), in first-seen
-/// order; a flow seldom uses more than two.
-pub type Spread = smallvec::SmallVec<[(u32, u64); 2]>;
+/// Segments that arrived on one RX queue and CPU, and how many of them
+/// were reordered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Path {
+    pub queue: u32,
+    pub cpu: u32,
+    pub segments: u64,
+    pub reordered: u64,
+}
 
-fn bump(list: &mut Spread, key: u32) {
-    match list.iter_mut().find(|(k, _)| *k == key) {
-        Some((_, n)) => *n += 1,
-        None => list.push((key, 1)),
+/// A flow's paths in first-seen order; a flow seldom uses more than two.
+pub type Paths = smallvec::SmallVec<[Path; 2]>;
+
+fn path(paths: &mut Paths, queue: u32, cpu: u32) -> &mut Path {
+    match paths.iter().position(|p| p.queue == queue && p.cpu == cpu) {
+        Some(i) => &mut paths[i],
+        None => {
+            paths.push(Path {
+                queue,
+                cpu,
+                ..Path::default()
+            });
+            paths.last_mut().expect("pushed")
+        }
     }
 }
 
@@ -489,6 +505,8 @@ pub struct FlowTotals {
     pub m: Metrics,
     pub tcp_layer: TcpLayer,
     pub segments: u64,
+    /// (RX queue, CPU) -> (segments, reordered).
+    pub paths: BTreeMap<(u32, u32), (u64, u64)>,
     pub local_retransmits: u64,
     /// Evicted flows' replays, summed (tracked ones are replayed at
     /// snapshot time).
@@ -502,6 +520,11 @@ impl FlowTotals {
         }
         self.tcp_layer.add(&f.tcp_layer);
         self.segments += f.segments;
+        for p in &f.paths {
+            let t = self.paths.entry((p.queue, p.cpu)).or_default();
+            t.0 += p.segments;
+            t.1 += p.reordered;
+        }
         self.local_retransmits += f.local_retransmits;
     }
 }
@@ -574,8 +597,7 @@ impl Engine {
         let cfg = self.cfg;
         let f = self.flow(s.flow, s.ts_ns);
         f.segments += 1;
-        bump(&mut f.rx_queues, s.rx_queue);
-        bump(&mut f.cpus, s.cpu);
+        path(&mut f.paths, s.rx_queue, s.cpu).segments += 1;
         if s.flags & SYN != 0 {
             f.isn = Some(s.seq);
             // Only a client's SYN: its handshake ACK follows one RTT later.
@@ -618,6 +640,7 @@ impl Engine {
         w.unwrap.advance(w.order.next_exp());
         let c = wire_update(w, s, &a, &out, &cfg);
         if c.class == Class::Reordered {
+            path(&mut f.paths, s.rx_queue, s.cpu).reordered += 1;
             self.live.reordered += 1;
         }
         Some(c)
@@ -703,11 +726,34 @@ impl Engine {
 
     /// The read-only view every sink renders.
     pub fn snapshot(&self) -> Snapshot {
+        self.snapshot_with(true)
+    }
+
+    /// The same without the replays, cheap enough to take several times a
+    /// second (the live view).
+    pub fn live_snapshot(&self) -> Snapshot {
+        self.snapshot_with(false)
+    }
+
+    /// One flow's replay (`src -> dst` as the snapshot spells them).
+    pub fn replay_of(&self, src: &str, dst: &str) -> Option<Replay> {
+        self.flows
+            .iter()
+            .find(|(flow, _)| flow.src.to_string() == src && flow.dst.to_string() == dst)
+            .and_then(|(_, f)| f.replay(&self.cfg.replay))
+    }
+
+    /// Forgets everything seen so far (the same configuration).
+    pub fn reset(&mut self) {
+        *self = Engine::new(self.cfg);
+    }
+
+    fn snapshot_with(&self, replay: bool) -> Snapshot {
         let mut totals = (*self.evicted).clone();
         let mut flows = Vec::with_capacity(self.flows.len());
         for (flow, f) in self.flows.iter() {
             totals.add_flow(f);
-            flows.push(snapshot::flow_report(flow, f, &self.cfg));
+            flows.push(snapshot::flow_report(flow, f, &self.cfg, replay));
         }
         flows.sort_by(|a, b| {
             b.reordered

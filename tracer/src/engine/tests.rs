@@ -361,6 +361,7 @@ fn snapshots_are_deterministic_and_carry_the_documented_json() {
         "late_time_us",
         "rx_queues",
         "cpus",
+        "paths",
         "queue_migrations",
         "attribution",
         "verdict",

@@ -1,0 +1,454 @@
+//! The live view (`tracer live`, `tracer lab --live`): a full-screen
+//! terminal UI over samples of the engine.
+//!
+//! The collector owns the engine and, four times a second, hands a sample
+//! (a [`Snapshot`] without the replays, the rates, and the selected flow's
+//! replay at most once a second) to the screen's thread through a channel
+//! that never blocks it: a sample the screen has not taken yet is dropped.
+//! The screen's thread owns the terminal (restored on exit, on error and on
+//! panic), draws with [`render`] (a pure function of the sample and the
+//! [`ViewState`]) and sends back what keys ask: quit, reset, the selected
+//! flow.
+
+mod render;
+mod view;
+
+use std::{
+    io::{stdout, Stdout},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc::{sync_channel, Receiver, SyncSender, TryRecvError},
+        Arc, Mutex, Once,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, Context, Result};
+use crossterm::{
+    cursor,
+    event::{self, Event, KeyEventKind},
+    execute,
+    terminal::{self, EnterAlternateScreen, LeaveAlternateScreen},
+};
+use ratatui::{backend::CrosstermBackend, Terminal};
+
+pub use render::{render, MIN_HEIGHT, MIN_WIDTH};
+pub use view::{Action, Sort, ViewState};
+
+use crate::{
+    engine::{Engine, Live},
+    kernel::Counters,
+    replay::Replay,
+    snapshot::Snapshot,
+};
+
+/// How often the collector samples and the screen redraws.
+pub const FRAME: Duration = Duration::from_millis(250);
+/// How often the selected flow is replayed (the costly part).
+const REPLAY_EVERY: Duration = Duration::from_secs(1);
+
+/// What the screen shows, as the collector last saw it.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Without replays.
+    pub snapshot: Snapshot,
+    /// The interface and XDP mode, as the header names them.
+    pub source: String,
+    pub elapsed: Duration,
+    pub segments_per_s: f64,
+    pub mbit_per_s: f64,
+    pub dropped: u64,
+    /// The selected flow (`src -> dst`) and its replay.
+    pub replay: Option<(String, Replay)>,
+}
+
+enum Message {
+    Sample(Box<Sample>),
+    /// The collection ended (why): the view stays until `q`.
+    Finished(String),
+    /// Something failed: close now.
+    Close,
+}
+
+#[derive(Default)]
+struct Control {
+    quit: AtomicBool,
+    reset: AtomicBool,
+    selected: Mutex<Option<String>>,
+}
+
+/// The collector's end: samples out, the screen's requests in.
+pub struct Link {
+    tx: SyncSender<Message>,
+    control: Arc<Control>,
+    source: String,
+    rates_from: Option<(Instant, Live)>,
+    replay: Option<(String, Replay, Instant)>,
+}
+
+impl Link {
+    /// The screen asked to quit (`q`, Ctrl-C).
+    pub fn quit_requested(&self) -> bool {
+        self.control.quit.load(Ordering::SeqCst)
+    }
+
+    /// Takes a sample of `engine` for the screen (and first starts the
+    /// counters over if the screen asked).
+    pub fn tick(&mut self, engine: &mut Engine, counters: &Counters, elapsed: Duration) {
+        if self.control.reset.swap(false, Ordering::SeqCst) {
+            engine.reset();
+            self.rates_from = None;
+            self.replay = None;
+        }
+        let now = Instant::now();
+        let live = engine.live();
+        let (segments_per_s, mbit_per_s) = match self.rates_from {
+            Some((t, prev)) => {
+                let secs = (now - t).as_secs_f64().max(1e-3);
+                (
+                    live.segments.saturating_sub(prev.segments) as f64 / secs,
+                    live.payload_bytes.saturating_sub(prev.payload_bytes) as f64 * 8.0 / secs / 1e6,
+                )
+            }
+            None => (0.0, 0.0),
+        };
+        self.rates_from = Some((now, live));
+        let selected = self.control.selected.lock().expect("not poisoned").clone();
+        if let Some(flow) = selected {
+            let stale = self
+                .replay
+                .as_ref()
+                .is_none_or(|(f, _, at)| *f != flow || now - *at >= REPLAY_EVERY);
+            if stale {
+                let replay = flow
+                    .split_once(" -> ")
+                    .and_then(|(src, dst)| engine.replay_of(src, dst));
+                self.replay = replay.map(|r| (flow, r, now));
+            }
+        }
+        let sample = Sample {
+            snapshot: engine.live_snapshot().with_kernel(counters),
+            source: self.source.clone(),
+            elapsed,
+            segments_per_s,
+            mbit_per_s,
+            dropped: counters.dropped(),
+            replay: self.replay.as_ref().map(|(f, r, _)| (f.clone(), r.clone())),
+        };
+        // The screen has not taken the last one: this one waits no more.
+        let _ = self.tx.try_send(Message::Sample(Box::new(sample)));
+    }
+
+    /// The collection ended; the view stays until `q`.
+    pub fn finished(self, why: String) {
+        let _ = self.tx.send(Message::Finished(why));
+    }
+
+    /// Something failed: the screen closes at once.
+    pub fn close(self) {
+        let _ = self.tx.send(Message::Close);
+    }
+}
+
+/// The screen's thread.
+pub struct Screen {
+    thread: JoinHandle<Result<()>>,
+}
+
+impl Screen {
+    /// Until the screen is closed (the terminal is restored by then).
+    pub fn wait(self) -> Result<()> {
+        self.thread
+            .join()
+            .map_err(|_| anyhow!("the live view panicked"))?
+    }
+}
+
+/// Opens the view on this terminal. `source`: what the header names.
+pub fn start(source: String) -> Result<(Link, Screen)> {
+    let (tx, rx) = sync_channel(1);
+    let control = Arc::new(Control::default());
+    let screen_control = control.clone();
+    let thread = std::thread::Builder::new()
+        .name("live-view".into())
+        .spawn(move || screen(rx, &screen_control))
+        .context("starting the live view")?;
+    let link = Link {
+        tx,
+        control,
+        source,
+        rates_from: Some((Instant::now(), Live::default())),
+        replay: None,
+    };
+    Ok((link, Screen { thread }))
+}
+
+fn screen(rx: Receiver<Message>, control: &Control) -> Result<()> {
+    let mut term = TerminalGuard::enter()?;
+    let mut view = ViewState::default();
+    let mut shown: Option<Sample> = None;
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok(Message::Sample(s)) if !view.paused || shown.is_none() => shown = Some(*s),
+                Ok(Message::Sample(_)) => {}
+                Ok(Message::Finished(why)) => view.finished = Some(why),
+                Ok(Message::Close) => return Ok(()),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    view.finished.get_or_insert_with(|| "stopped".into());
+                    break;
+                }
+            }
+        }
+        term.terminal
+            .draw(|f| render(f, shown.as_ref(), &view))
+            .context("drawing the live view")?;
+        if !event::poll(FRAME).context("reading the terminal")? {
+            continue;
+        }
+        let Event::Key(key) = event::read().context("reading the terminal")? else {
+            continue;
+        };
+        if key.kind != KeyEventKind::Press {
+            continue;
+        }
+        match view.key(key, shown.as_ref().map(|s| &s.snapshot)) {
+            Action::Quit => {
+                control.quit.store(true, Ordering::SeqCst);
+                return Ok(());
+            }
+            Action::Reset => control.reset.store(true, Ordering::SeqCst),
+            Action::None => {}
+        }
+        *control.selected.lock().expect("not poisoned") = view.selected.clone();
+    }
+}
+
+/// Raw mode and the alternate screen while alive; the terminal as it was
+/// after, on drop and on panic.
+struct TerminalGuard {
+    terminal: Terminal<CrosstermBackend<Stdout>>,
+}
+
+fn restore_terminal() {
+    let _ = terminal::disable_raw_mode();
+    let _ = execute!(stdout(), LeaveAlternateScreen, cursor::Show);
+}
+
+impl TerminalGuard {
+    fn enter() -> Result<Self> {
+        static HOOK: Once = Once::new();
+        HOOK.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                restore_terminal();
+                previous(info);
+            }));
+        });
+        terminal::enable_raw_mode().context("putting the terminal in raw mode")?;
+        let guard = || -> Result<Self> {
+            execute!(stdout(), EnterAlternateScreen, cursor::Hide)
+                .context("opening the alternate screen")?;
+            let terminal =
+                Terminal::new(CrosstermBackend::new(stdout())).context("opening the terminal")?;
+            Ok(Self { terminal })
+        };
+        guard().inspect_err(|_| restore_terminal())
+    }
+}
+
+impl Drop for TerminalGuard {
+    fn drop(&mut self) {
+        restore_terminal();
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use ratatui::{backend::TestBackend, buffer::Buffer, style::Color};
+
+    use super::*;
+    use crate::{
+        engine::EngineConfig,
+        source::{Flow, Segment},
+    };
+
+    /// Two flows: one moved between queues and CPUs with segments left
+    /// behind on the old path (steering), one in order.
+    pub(crate) fn sample_snapshot() -> Snapshot {
+        let mut e = Engine::new(EngineConfig::default());
+        let flow = |port: u16| Flow {
+            src: format!("10.0.0.1:{port}").parse().unwrap(),
+            dst: "10.0.0.2:5201".parse().unwrap(),
+        };
+        let seg = |f: Flow, n: u32, t: u64, queue: u32, cpu: u32| Segment {
+            ts_ns: t * 1000,
+            ifindex: 1,
+            rx_queue: queue,
+            cpu,
+            flow: f,
+            seq: 1 + n * 1000,
+            ack: 1,
+            payload_len: 1000,
+            flags: 0x10,
+            window: 100,
+            ip_id: Some(n as u16),
+            timestamp: Some((1000 + n, 7)),
+            sack: vec![],
+            vlan: None,
+            first_fragment: false,
+        };
+        let steered = flow(1);
+        let mut t = 10;
+        for round in 0..20u32 {
+            // 0-9 on one path; 10-12 overtake 8-9 on the other.
+            let base = round * 13;
+            let (q, c) = (round % 2, round % 2);
+            for n in 0..8 {
+                e.segment(&seg(steered, base + n, t, q, c));
+                t += 1;
+            }
+            for n in 10..13 {
+                e.segment(&seg(steered, base + n, t, 1 - q, 1 - c));
+                t += 1;
+            }
+            for n in 8..10 {
+                e.segment(&seg(steered, base + n, t, q, c));
+                t += 1;
+            }
+        }
+        let calm = flow(2);
+        for n in 0..200 {
+            e.segment(&seg(calm, n, 10 + u64::from(n), 2, 0));
+        }
+        e.live_snapshot()
+    }
+
+    fn sample(dropped: u64) -> Sample {
+        Sample {
+            snapshot: sample_snapshot(),
+            source: "eth0 (XDP native)".into(),
+            elapsed: Duration::from_secs(3),
+            segments_per_s: 215_000.0,
+            mbit_per_s: 2480.5,
+            dropped,
+            replay: None,
+        }
+    }
+
+    fn draw(width: u16, height: u16, s: Option<&Sample>, view: &ViewState) -> Buffer {
+        let mut t = Terminal::new(TestBackend::new(width, height)).unwrap();
+        t.draw(|f| render(f, s, view)).unwrap();
+        t.backend().buffer().clone()
+    }
+
+    fn text(b: &Buffer) -> String {
+        (0..b.area.height)
+            .map(|y| {
+                (0..b.area.width)
+                    .map(|x| b[(x, y)].symbol())
+                    .collect::<String>()
+                    + "\n"
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_screen_shows_a_known_snapshot() {
+        let s = sample(0);
+        let b = draw(80, 24, Some(&s), &ViewState::default());
+        let screen = text(&b);
+        for want in [
+            "eth0 (XDP",
+            "215.0k seg/s",
+            "2480.5 Mbit/s",
+            "flows 2",
+            "dropped 0",
+            "reordering extent (segments)",
+            "late time (µs)",
+            "10.0.0.1:1 > 10.0.0.2:5201",
+            "nic-steering",
+            "queue x CPU",
+            "cpu0",
+            "q quit",
+        ] {
+            assert!(screen.contains(want), "{want:?} missing from\n{screen}");
+        }
+        // The steered flow's 40 stragglers: 2 per round, on its old path.
+        let r = &s.snapshot.totals.reordering;
+        assert_eq!(r.reordered, 40, "{screen}");
+        assert!(
+            screen.contains("all flows: reordered 40/460 (8.70%), rtx 0"),
+            "{screen}"
+        );
+        assert!(
+            screen.contains(&format!("p50 {}", r.extent.p50)),
+            "{screen}"
+        );
+        // Each path's segments/reordered: queue 0 on CPU 0 got rounds
+        // 0, 2, .. 18 of the steered flow's old path (10 segments each,
+        // 2 of them late) and the others' fast path (3 each).
+        let q0 = s
+            .snapshot
+            .totals
+            .paths
+            .iter()
+            .find(|p| (p.queue, p.cpu) == (0, 0))
+            .unwrap();
+        assert_eq!((q0.segments, q0.reordered), (10 * 10 + 10 * 3, 20));
+        assert!(screen.contains("130/20"), "{screen}");
+        // Nothing dropped: nothing red.
+        assert!(b.content.iter().all(|c| c.fg != Color::Red));
+    }
+
+    #[test]
+    fn dropped_events_are_red() {
+        let b = draw(100, 30, Some(&sample(17)), &ViewState::default());
+        let screen = text(&b);
+        let (y, line) = screen
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.contains("dropped 17"))
+            .expect("dropped shown");
+        let x = line.find("dropped 17").unwrap();
+        // (byte offset = column: the header line is ASCII up to there)
+        assert_eq!(b[(x as u16, y as u16)].fg, Color::Red);
+    }
+
+    #[test]
+    fn a_selected_flow_replaces_the_totals() {
+        let s = sample(0);
+        let mut view = ViewState {
+            selected: Some("10.0.0.1:2 -> 10.0.0.2:5201".into()),
+            ..ViewState::default()
+        };
+        let screen = text(&draw(80, 24, Some(&s), &view));
+        assert!(
+            screen.contains("10.0.0.1:2 -> 10.0.0.2:5201: reordered 0/200"),
+            "{screen}"
+        );
+        assert!(screen.contains("none yet"), "{screen}");
+        assert!(screen.contains("replaying..."), "{screen}");
+        view.paused = true;
+        view.finished = Some("transfer finished".into());
+        let screen = text(&draw(100, 30, Some(&s), &view));
+        assert!(screen.contains("PAUSED"), "{screen}");
+        assert!(screen.contains("FINISHED (transfer finished)"), "{screen}");
+        view.help = true;
+        let screen = text(&draw(80, 24, Some(&s), &view));
+        assert!(screen.contains("start the counters over"), "{screen}");
+    }
+
+    #[test]
+    fn a_small_terminal_is_told_so() {
+        let screen = text(&draw(60, 20, Some(&sample(0)), &ViewState::default()));
+        assert!(
+            screen.contains("The terminal is 60x20: the live view needs 80x24"),
+            "{screen}"
+        );
+        let screen = text(&draw(80, 24, None, &ViewState::default()));
+        assert!(screen.contains("waiting for the first sample"), "{screen}");
+    }
+}

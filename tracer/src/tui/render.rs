@@ -1,0 +1,324 @@
+//! The screen as a pure function of a [`Sample`] and the [`ViewState`].
+
+use ratatui::{
+    layout::{Constraint, Layout, Rect},
+    style::{Color, Modifier, Style},
+    text::{Line, Span},
+    widgets::{Block, Cell, Clear, Paragraph, Row, Table, TableState, Wrap},
+    Frame,
+};
+
+use super::{
+    view::{mbit_per_s, ViewState},
+    Sample,
+};
+use crate::{
+    replay::Replay,
+    snapshot::{Distribution, PathReport, Reordering},
+};
+
+/// The smallest terminal the view is laid out for.
+pub const MIN_WIDTH: u16 = 80;
+pub const MIN_HEIGHT: u16 = 24;
+
+pub fn render(frame: &mut Frame, sample: Option<&Sample>, view: &ViewState) {
+    let area = frame.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        let text = format!(
+            "The terminal is {}x{}: the live view needs {MIN_WIDTH}x{MIN_HEIGHT}. q quits.",
+            area.width, area.height
+        );
+        frame.render_widget(Paragraph::new(text), area);
+        return;
+    }
+    let [header, hists, flows, bottom, keys] = Layout::vertical([
+        Constraint::Length(2),
+        Constraint::Length(8),
+        Constraint::Min(6),
+        Constraint::Length(7),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    let Some(sample) = sample else {
+        frame.render_widget(Paragraph::new("waiting for the first sample..."), header);
+        frame.render_widget(key_line(view), keys);
+        return;
+    };
+    let selected = view.selected_flow(&sample.snapshot);
+    // The selected flow's numbers replace the totals.
+    let (scope, r, verdicts): (String, &Reordering, String) = match selected {
+        Some(f) => (f.flow(), &f.reordering, f.verdict.to_string()),
+        None => {
+            let t = &sample.snapshot.totals;
+            let counts: Vec<String> = t.verdicts.iter().map(|(v, n)| format!("{v} {n}")).collect();
+            (
+                "all flows".to_string(),
+                &t.reordering,
+                format!("verdicts: {}", counts.join(", ")),
+            )
+        }
+    };
+    frame.render_widget(header_lines(sample, view, &scope, r, verdicts), header);
+    let [extent, late] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(hists);
+    frame.render_widget(histogram("reordering extent (segments)", &r.extent), extent);
+    frame.render_widget(histogram("late time (µs)", &r.late_time_us), late);
+    flows_table(frame, flows, sample, view);
+    let [matrix, replay] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
+    let paths = match selected {
+        Some(f) => &f.paths,
+        None => &sample.snapshot.totals.paths,
+    };
+    frame.render_widget(path_matrix(paths, matrix.height.saturating_sub(3)), matrix);
+    frame.render_widget(replay_panel(sample, selected.map(|f| f.flow())), replay);
+    frame.render_widget(key_line(view), keys);
+    if view.help {
+        help(frame, area);
+    }
+}
+
+/// 1234567 -> "1.2M".
+fn si(v: f64) -> String {
+    match v {
+        v if v >= 1e9 => format!("{:.1}G", v / 1e9),
+        v if v >= 1e6 => format!("{:.1}M", v / 1e6),
+        v if v >= 1e4 => format!("{:.1}k", v / 1e3),
+        v => format!("{v:.0}"),
+    }
+}
+
+fn header_lines<'a>(
+    sample: &'a Sample,
+    view: &ViewState,
+    scope: &str,
+    r: &Reordering,
+    verdicts: String,
+) -> Paragraph<'a> {
+    let s = &sample.snapshot;
+    let bold = Style::default().add_modifier(Modifier::BOLD);
+    // Most important first: a narrow terminal cuts the end.
+    let dropped = format!("dropped {}", sample.dropped);
+    let first = vec![
+        if sample.dropped > 0 {
+            Span::styled(
+                dropped,
+                Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
+            )
+        } else {
+            Span::raw(dropped)
+        },
+        Span::raw(format!(
+            "  {} seg/s  {:.1} Mbit/s  flows {}  evicted {}  {:.1} s  ",
+            si(sample.segments_per_s),
+            sample.mbit_per_s,
+            s.tracked_flows,
+            s.evicted_flows,
+            sample.elapsed.as_secs_f64(),
+        )),
+        Span::styled(sample.source.clone(), bold),
+    ];
+    let mut second = Vec::new();
+    if let Some(why) = &view.finished {
+        second.push(Span::styled(
+            format!("FINISHED ({why}): q for the report  "),
+            bold,
+        ));
+    }
+    if view.paused {
+        second.push(Span::styled("PAUSED  ", bold));
+    }
+    second.push(Span::raw(format!(
+        "{scope}: reordered {}/{} ({:.2}%), rtx {}; {verdicts}",
+        r.reordered,
+        r.data_segments,
+        r.reordered_ratio * 100.0,
+        r.retransmissions,
+    )));
+    Paragraph::new(vec![Line::from(first), Line::from(second)])
+}
+
+/// Log2 buckets, merged in pairs until they fit `rows`.
+fn fit(buckets: &[(u64, u64)], rows: usize) -> Vec<(u64, u64)> {
+    let mut b = buckets.to_vec();
+    while b.len() > rows.max(1) {
+        b = b
+            .chunks(2)
+            .map(|c| (c[c.len() - 1].0, c.iter().map(|x| x.1).sum()))
+            .collect();
+    }
+    b
+}
+
+fn histogram<'a>(title: &'a str, d: &Distribution) -> Paragraph<'a> {
+    let block = Block::bordered().title(title);
+    if d.count == 0 {
+        return Paragraph::new("none yet").block(block);
+    }
+    let mut lines = vec![Line::from(format!(
+        "n {}  p50 {}  p90 {}  p99 {}  max {}",
+        si(d.count as f64),
+        d.p50,
+        d.p90,
+        d.p99,
+        d.max
+    ))];
+    let buckets = fit(&d.buckets, 5);
+    let top = buckets.iter().map(|b| b.1).max().unwrap_or(1).max(1);
+    for (upper, count) in buckets {
+        let bar = (count * 20).div_ceil(top) as usize;
+        lines.push(Line::from(format!(
+            "<={:>7} {:<20} {}",
+            si(upper as f64),
+            "#".repeat(bar),
+            si(count as f64)
+        )));
+    }
+    Paragraph::new(lines).block(block)
+}
+
+fn flows_table(frame: &mut Frame, area: Rect, sample: &Sample, view: &ViewState) {
+    let flows = view.sorted(&sample.snapshot);
+    let rows: Vec<Row> = flows
+        .iter()
+        .map(|f| {
+            let n3 = f.n_reordering.get(2).map_or(0, |n| n.count);
+            Row::new(vec![
+                Cell::from(format!("{} > {}", f.src, f.dst)),
+                Cell::from(format!("{:>8.1}", mbit_per_s(f))),
+                Cell::from(format!("{:>6.2}", f.reordered_ratio * 100.0)),
+                Cell::from(format!("{:>6}", si(n3 as f64))),
+                Cell::from(format!("{:>5}", f.queue_migrations)),
+                Cell::from(f.verdict.to_string()),
+            ])
+        })
+        .collect();
+    let header = Row::new(["flow", "  Mbit/s", "reord%", "   n=3", " migr", "verdict"])
+        .style(Style::default().add_modifier(Modifier::BOLD));
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Min(28),
+            Constraint::Length(8),
+            Constraint::Length(6),
+            Constraint::Length(6),
+            Constraint::Length(5),
+            Constraint::Length(12),
+        ],
+    )
+    .header(header)
+    .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+    .highlight_symbol("> ")
+    .block(Block::bordered().title(format!("flows (sorted by {})", view.sort.name())));
+    let at = view
+        .selected
+        .as_deref()
+        .and_then(|k| flows.iter().position(|f| f.flow() == k));
+    let mut state = TableState::default().with_selected(at);
+    frame.render_stateful_widget(table, area, &mut state);
+}
+
+/// Segments/reordered per (queue, CPU): a row per queue, a column per CPU.
+fn path_matrix(paths: &[PathReport], rows: u16) -> Paragraph<'static> {
+    let block = Block::bordered().title("queue x CPU: segments/reordered");
+    if paths.is_empty() {
+        return Paragraph::new("none yet").block(block);
+    }
+    let mut cpus: Vec<u32> = paths.iter().map(|p| p.cpu).collect();
+    cpus.sort_unstable();
+    cpus.dedup();
+    let mut queues: Vec<u32> = paths.iter().map(|p| p.queue).collect();
+    queues.sort_unstable();
+    queues.dedup();
+    let mut lines = vec![Line::from(
+        std::iter::once("     ".to_string())
+            .chain(cpus.iter().map(|c| format!("{:>12}", format!("cpu{c}"))))
+            .collect::<String>(),
+    )];
+    let shown = queues.len().min(rows as usize);
+    for q in &queues[..shown] {
+        let mut line = format!("q{q:<4}");
+        for c in &cpus {
+            let cell = paths
+                .iter()
+                .find(|p| p.queue == *q && p.cpu == *c)
+                .map_or("-".to_string(), |p| {
+                    format!("{}/{}", si(p.segments as f64), si(p.reordered as f64))
+                });
+            line.push_str(&format!("{cell:>12}"));
+        }
+        lines.push(Line::from(line));
+    }
+    if shown < queues.len() {
+        lines.push(Line::from(format!("+{} more queues", queues.len() - shown)));
+    }
+    Paragraph::new(lines).block(block)
+}
+
+fn replay_panel(sample: &Sample, selected: Option<String>) -> Paragraph<'_> {
+    let block = Block::bordered().title("replay: classic vs RACK-TLP");
+    let Some(flow) = selected else {
+        return Paragraph::new("select a flow (arrows) for what other senders would have done")
+            .wrap(Wrap { trim: true })
+            .block(block);
+    };
+    let replay: Option<&Replay> = sample
+        .replay
+        .as_ref()
+        .filter(|(f, _)| *f == flow)
+        .map(|(_, r)| r);
+    let Some(r) = replay else {
+        return Paragraph::new("replaying...").block(block);
+    };
+    let mut lines: Vec<Line> = r
+        .policies
+        .iter()
+        .filter(|p| p.name != "linux-adaptive")
+        .map(|p| {
+            Line::from(format!(
+                "{:<8} {:>6.0} Mbit/s ({} spurious)",
+                p.name,
+                p.estimated_goodput_bps / 1e6,
+                si(p.spurious_retransmissions as f64),
+            ))
+        })
+        .collect();
+    if let Some(x) = r.rack_vs_classic {
+        lines.push(Line::from(format!("RACK-TLP vs classic: {x:.2}x")));
+    }
+    Paragraph::new(lines).block(block)
+}
+
+fn key_line(view: &ViewState) -> Paragraph<'static> {
+    Paragraph::new(format!(
+        "q quit  arrows flow  esc all  s sort ({})  p {}  r reset  ? help",
+        view.sort.name(),
+        if view.paused { "resume" } else { "pause" }
+    ))
+    .style(Style::default().add_modifier(Modifier::REVERSED))
+}
+
+fn help(frame: &mut Frame, area: Rect) {
+    let text = vec![
+        Line::from("q, Ctrl-C   quit (the full report follows)"),
+        Line::from("up, down    select a flow: its histograms, paths, replay"),
+        Line::from("esc         back to all flows"),
+        Line::from("s           sort the flows table"),
+        Line::from("p           pause the display (collection goes on)"),
+        Line::from("r           start the counters over (the report too)"),
+        Line::from("?           this help"),
+    ];
+    let w = 64.min(area.width);
+    let h = (text.len() as u16 + 2).min(area.height);
+    let at = Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    );
+    frame.render_widget(Clear, at);
+    frame.render_widget(
+        Paragraph::new(text).block(Block::bordered().title("keys")),
+        at,
+    );
+}
