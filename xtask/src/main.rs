@@ -159,7 +159,7 @@ fn setup() -> Result<()> {
     let missing: Vec<&str> = APT_PACKAGES
         .iter()
         .copied()
-        .filter(|p| !succeeds(Command::new("dpkg").args(["-s", p])))
+        .filter(|p| !installed(p))
         .collect();
     if missing.is_empty() {
         println!("setup: apt packages ({}): present", APT_PACKAGES.join(", "));
@@ -228,4 +228,13 @@ fn bench() -> Result<ExitCode> {
     setup()?;
     sh(cargo().args(["bench", "--package", "tracer", "--bench", "engine"]))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether Debian package `p` is installed (not merely known: a removed
+/// package keeps its configuration, and `dpkg -s` still succeeds).
+fn installed(p: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", p])
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.ends_with(b" installed"))
 }
