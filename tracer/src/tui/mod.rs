@@ -366,7 +366,7 @@ pub(crate) mod tests {
             "2480.5 Mbit/s",
             "flows 2",
             "dropped 0",
-            "reordering extent (segments)",
+            "extent (segments), n 40",
             "late time (µs)",
             "10.0.0.1:1 > 10.0.0.2:5201",
             "nic-steering",

@@ -33,8 +33,8 @@ pub fn render(frame: &mut Frame, sample: Option<&Sample>, view: &ViewState) {
     }
     let [header, hists, flows, bottom, keys] = Layout::vertical([
         Constraint::Length(2),
-        Constraint::Length(8),
-        Constraint::Min(6),
+        Constraint::Length(7),
+        Constraint::Min(7),
         Constraint::Length(7),
         Constraint::Length(1),
     ])
@@ -61,7 +61,7 @@ pub fn render(frame: &mut Frame, sample: Option<&Sample>, view: &ViewState) {
     frame.render_widget(header_lines(sample, view, &scope, r, verdicts), header);
     let [extent, late] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(hists);
-    frame.render_widget(histogram("reordering extent (segments)", &r.extent), extent);
+    frame.render_widget(histogram("extent (segments)", &r.extent), extent);
     frame.render_widget(histogram("late time (µs)", &r.late_time_us), late);
     flows_table(frame, flows, sample, view);
     let [matrix, replay] =
@@ -150,20 +150,16 @@ fn fit(buckets: &[(u64, u64)], rows: usize) -> Vec<(u64, u64)> {
     b
 }
 
-fn histogram<'a>(title: &'a str, d: &Distribution) -> Paragraph<'a> {
-    let block = Block::bordered().title(title);
+fn histogram(title: &str, d: &Distribution) -> Paragraph<'static> {
     if d.count == 0 {
-        return Paragraph::new("none yet").block(block);
+        return Paragraph::new("none yet").block(Block::bordered().title(title.to_string()));
     }
+    let block = Block::bordered().title(format!("{title}, n {}", si(d.count as f64)));
     let mut lines = vec![Line::from(format!(
-        "n {}  p50 {}  p90 {}  p99 {}  max {}",
-        si(d.count as f64),
-        d.p50,
-        d.p90,
-        d.p99,
-        d.max
+        "p50 {} p90 {} p99 {} max {}",
+        d.p50, d.p90, d.p99, d.max
     ))];
-    let buckets = fit(&d.buckets, 5);
+    let buckets = fit(&d.buckets, 4);
     let top = buckets.iter().map(|b| b.1).max().unwrap_or(1).max(1);
     for (upper, count) in buckets {
         let bar = (count * 20).div_ceil(top) as usize;
