@@ -159,3 +159,32 @@ fn the_demo_shows_steering_live_and_quits_cleanly() {
     ours.extend(kernel::loaded_programs(&lab::EDGE_PROGRAM_NAMES));
     assert!(ours.is_empty(), "{ours:?}");
 }
+
+#[test]
+fn without_a_terminal_live_prints_progress_and_the_report() {
+    if !root_or_skip("without_a_terminal_live_prints_progress_and_the_report") {
+        return;
+    }
+    let out = Command::new(BIN)
+        .args([
+            "lab",
+            "--live",
+            "--flows",
+            "1",
+            "--bytes",
+            "256M",
+            "--duration",
+            "3",
+        ])
+        .output()
+        .expect("run tracer lab --live");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    // The progress line stands in for the screen (none was drawn: no
+    // escape sequences), then the report.
+    assert!(stderr.contains(" seg/s "), "{stderr}");
+    assert!(!stdout.contains('\u{1b}'), "{stdout}");
+    assert!(stdout.contains("lab: edge in mode atr"), "{stdout}");
+    assert!(lab::lab_namespaces().is_empty());
+}
