@@ -54,7 +54,8 @@ pub struct RecordOptions<'a> {
     pub duration: Option<Duration>,
     /// Print a progress line to stderr every second.
     pub progress: bool,
-    /// The live view: sampled every [`tui::FRAME`]; its `q` stops the run.
+    /// The live view: sampled every [`tui::FRAME`] (less often when a
+    /// sample costs more than a tenth of the time); its `q` stops the run.
     pub live: Option<&'a mut tui::Link>,
 }
 
@@ -89,7 +90,6 @@ pub fn run(
     let start = Instant::now();
     let deadline = opts.duration.map(|d| start + d);
     let mut last_tick = start;
-    let mut last_frame = start;
     let mut last_live = engine.live();
     let mut received = 0u64;
     let mut decode_errors = 0u64;
@@ -108,9 +108,8 @@ pub fn run(
             if link.quit_requested() {
                 break StopReason::Signal("q");
             }
-            if now >= last_frame + tui::FRAME {
+            if link.due(now) {
                 link.tick(engine, &tracer.counters()?, now - start);
-                last_frame = now;
             }
         }
         if now >= last_tick + TICK {

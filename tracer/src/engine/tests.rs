@@ -441,3 +441,37 @@ fn a_copy_of_what_the_receiving_tcp_missed_is_its_retransmission() {
         "the whole copy is resent"
     );
 }
+
+#[test]
+fn the_live_snapshot_keeps_the_most_reordered_flows_and_the_selected_one() {
+    let mut e = Engine::new(EngineConfig::default());
+    // Flow k has k segments late by one (each pair swapped), k = 0..5.
+    for k in 0..5u16 {
+        let mut order: Vec<(u32, u32, u32)> = Vec::new();
+        for i in 0..20u32 {
+            let (a, b) = (2 * i, 2 * i + 1);
+            if i < u32::from(k) {
+                order.extend([(b, 0, 0), (a, 0, 0)]);
+            } else {
+                order.extend([(a, 0, 0), (b, 0, 0)]);
+            }
+        }
+        feed(&mut e, flow(100 + k), 1000, &order);
+    }
+    let quiet = e
+        .snapshot()
+        .flows
+        .iter()
+        .find(|f| f.reordered == 0)
+        .unwrap()
+        .flow();
+    let s = e.live_snapshot(2, Some(&quiet));
+    let reordered: Vec<u64> = s.flows.iter().map(|f| f.reordered).collect();
+    assert_eq!(reordered, [4, 3, 0]);
+    assert_eq!(s.flows[2].flow(), quiet);
+    // The totals and counts are over every flow, and nothing is replayed.
+    assert_eq!(s.tracked_flows, 5);
+    assert_eq!(s.totals.reordering.reordered, 4 + 3 + 2 + 1);
+    assert!(s.flows.iter().all(|f| f.replay.is_none()));
+    assert_eq!(e.live_snapshot(10, None).flows.len(), 5);
+}

@@ -45,6 +45,8 @@ use crate::{
 
 /// How often the collector samples and the screen redraws.
 pub const FRAME: Duration = Duration::from_millis(250);
+/// Flows a sample carries (the most reordered; the screen shows fewer).
+const MAX_SHOWN_FLOWS: usize = 200;
 /// How often the selected flow is replayed (the costly part).
 const REPLAY_EVERY: Duration = Duration::from_secs(1);
 
@@ -85,6 +87,7 @@ pub struct Link {
     source: String,
     rates_from: Option<(Instant, Live)>,
     replay: Option<(String, Replay, Instant)>,
+    next_sample: Instant,
 }
 
 impl Link {
@@ -93,9 +96,22 @@ impl Link {
         self.control.quit.load(Ordering::SeqCst)
     }
 
+    /// Whether a sample is due: every [`FRAME`], or less often when taking
+    /// one costs more than a tenth of the collector's time (many flows).
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.next_sample
+    }
+
     /// Takes a sample of `engine` for the screen (and first starts the
     /// counters over if the screen asked).
     pub fn tick(&mut self, engine: &mut Engine, counters: &Counters, elapsed: Duration) {
+        let started = Instant::now();
+        self.sample(engine, counters, elapsed);
+        let cost = started.elapsed();
+        self.next_sample = Instant::now() + FRAME.max(cost * 9);
+    }
+
+    fn sample(&mut self, engine: &mut Engine, counters: &Counters, elapsed: Duration) {
         if self.control.reset.swap(false, Ordering::SeqCst) {
             engine.reset();
             self.rates_from = None;
@@ -115,7 +131,7 @@ impl Link {
         };
         self.rates_from = Some((now, live));
         let selected = self.control.selected.lock().expect("not poisoned").clone();
-        if let Some(flow) = selected {
+        if let Some(flow) = selected.clone() {
             let stale = self
                 .replay
                 .as_ref()
@@ -128,7 +144,9 @@ impl Link {
             }
         }
         let sample = Sample {
-            snapshot: engine.live_snapshot().with_kernel(counters),
+            snapshot: engine
+                .live_snapshot(MAX_SHOWN_FLOWS, selected.as_deref())
+                .with_kernel(counters),
             source: self.source.clone(),
             elapsed,
             segments_per_s,
@@ -180,6 +198,7 @@ pub fn start(source: String) -> Result<(Link, Screen)> {
         source,
         rates_from: Some((Instant::now(), Live::default())),
         replay: None,
+        next_sample: Instant::now() + FRAME,
     };
     Ok((link, Screen { thread }))
 }
@@ -323,7 +342,7 @@ pub(crate) mod tests {
         for n in 0..200 {
             e.segment(&seg(calm, n, 10 + u64::from(n), 2, 0));
         }
-        e.live_snapshot()
+        e.live_snapshot(200, None)
     }
 
     fn sample(dropped: u64) -> Sample {
