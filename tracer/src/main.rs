@@ -7,7 +7,7 @@
 
 use std::{io::IsTerminal, path::PathBuf, process::ExitCode, time::Duration};
 
-use anyhow::Result;
+use anyhow::{anyhow, Result};
 use clap::{Args, Parser, Subcommand};
 use tracer::{
     engine::{Engine, EngineConfig},
@@ -39,6 +39,9 @@ enum Command {
     /// times, queues and CPUs, flow by flow (a progress line per second
     /// when stdout is not a terminal); the full report on exit.
     Live(RecordArgs),
+    /// Analyse a capture file (pcap or pcapng: ours, tcpdump's,
+    /// Wireshark's) with the same engine and report as `record`.
+    Analyze(AnalyzeArgs),
     /// Reproduce flow-steering reordering on this machine: a kernel-TCP
     /// upload through an emulated flow-director NIC, traced, checked against
     /// the lab's ground truth; everything removed at the end.
@@ -59,6 +62,13 @@ struct TraceArgs {
     /// No progress line every second.
     #[arg(long)]
     quiet: bool,
+    #[command(flatten)]
+    report: ReportArgs,
+}
+
+/// What the engine keeps and the report says (live or from a file).
+#[derive(Args)]
+struct ReportArgs {
     /// Print the final report as JSON (stdout) instead of text.
     #[arg(long)]
     json: bool,
@@ -107,7 +117,7 @@ struct TraceArgs {
     timestamp_clock: bool,
 }
 
-impl TraceArgs {
+impl ReportArgs {
     fn engine(&self) -> Result<Engine, SetupError> {
         if !(1..=10_000_000).contains(&self.max_flows) {
             return Err(SetupError::BadArgument(format!(
@@ -171,6 +181,14 @@ struct RecordArgs {
     duration: Option<f64>,
     #[command(flatten)]
     trace: TraceArgs,
+}
+
+#[derive(Args)]
+struct AnalyzeArgs {
+    /// The capture (pcap or pcapng; Ethernet, raw IP or Linux cooked).
+    file: PathBuf,
+    #[command(flatten)]
+    report: ReportArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -288,6 +306,7 @@ fn main() -> ExitCode {
         Command::Record(args) => record_cmd(args, false),
         Command::Live(args) => record_cmd(args, true),
         Command::Lab(args) => lab_cmd(args),
+        Command::Analyze(args) => analyze_cmd(args),
     };
     match result {
         Ok(code) => code,
@@ -323,7 +342,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
     };
-    let mut engine = args.trace.engine()?;
+    let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
     let mut out = open_outputs(&args.trace)?;
     let mut tracer = Tracer::attach(&opts)?;
@@ -353,10 +372,10 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         &engine.snapshot().with_kernel(&outcome.counters),
         &outcome,
         &header(&opts, &outcome),
-        &args.trace,
+        &args.trace.report,
         None,
     );
-    finish(&outcome, out.as_ref(), args.trace.json)
+    finish(&outcome, out.as_ref(), args.trace.report.json)
 }
 
 fn collect(
@@ -436,7 +455,7 @@ fn print_report(
     snapshot: &Snapshot,
     outcome: &Outcome,
     header: &str,
-    trace: &TraceArgs,
+    trace: &ReportArgs,
     extra: Option<(&str, serde_json::Value)>,
 ) {
     let (json, show_replay) = (trace.json, trace.replay);
@@ -455,7 +474,8 @@ fn print_report(
                 outcome.elapsed,
                 header,
                 report::TextOptions {
-                    replay: show_replay
+                    replay: show_replay,
+                    capture: false,
                 },
             )
         );
@@ -509,6 +529,58 @@ fn finish(outcome: &Outcome, out: Option<&JsonLines>, json: bool) -> Result<Exit
     })
 }
 
+fn analyze_cmd(args: AnalyzeArgs) -> Result<ExitCode> {
+    use tracer::{kernel::Counters, source::capture};
+    use tracer_common::counter;
+    let mut engine = args.report.engine()?;
+    let path = args.file.display().to_string();
+    let file = std::fs::File::open(&args.file)
+        .map_err(|e| SetupError::BadArgument(format!("opening {path}: {e}")))?;
+    let reader = capture::CaptureReader::new(std::io::BufReader::with_capacity(1 << 20, file))
+        .map_err(|e| SetupError::BadArgument(format!("{path} {e}")))?;
+    let summary = capture::feed(reader, &mut engine);
+    let mut counters = Counters::default();
+    for (index, n) in [
+        (counter::XDP_FRAMES, summary.packets),
+        (counter::XDP_TCP, summary.tcp),
+        (counter::XDP_NON_TCP, summary.non_tcp),
+        (counter::XDP_TRUNCATED, summary.truncated),
+        (counter::XDP_UNSUPPORTED, summary.unsupported_link),
+    ] {
+        counters.map[index as usize] = n;
+    }
+    let snapshot = engine.snapshot();
+    let elapsed = Duration::from_nanos(summary.last_ns.saturating_sub(summary.first_ns));
+    if args.report.json {
+        println!("{}", report::json(&snapshot));
+    } else {
+        let header = format!(
+            "tracer: {path}, {} packets over {:.1} s",
+            summary.packets,
+            elapsed.as_secs_f64()
+        );
+        let opts = report::TextOptions {
+            replay: args.report.replay,
+            capture: true,
+        };
+        print!(
+            "{}",
+            report::text(&snapshot, &counters, elapsed, &header, opts)
+        );
+        if !summary.queues {
+            println!("  note       no RX queue or CPU in this capture (tcpdump's have none): reordering and replay hold, but queue/CPU attribution and the verdicts need a tagged capture");
+        }
+    }
+    match summary.error {
+        // What came before the damage is reported above.
+        Some(e) => Err(anyhow!(
+            "{path} {e}; analysed the {} packets before it",
+            summary.packets
+        )),
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
 fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let timeout = seconds("--duration", args.duration)?;
     if args.flows == 0 || args.flows > 256 {
@@ -559,7 +631,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         ))
         .into());
     }
-    let mut engine = args.trace.engine()?;
+    let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
     let mut out = open_outputs(&args.trace)?;
     let mut lab = lab::Lab::create(&lab::LabSpec {
@@ -651,15 +723,16 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         &snapshot,
         &outcome,
         &header(&opts, &outcome),
-        &args.trace,
+        &args.trace.report,
         value,
     );
     let lab_outcome = lab_outcome?;
-    if !args.trace.json {
+    if !args.trace.report.json {
         let opts = report::TextOptions {
-            replay: args.trace.replay,
+            replay: args.trace.report.replay,
+            capture: false,
         };
         print!("{}", report::lab(&snapshot, &lab_outcome, opts));
     }
-    finish(&outcome, out.as_ref(), args.trace.json)
+    finish(&outcome, out.as_ref(), args.trace.report.json)
 }

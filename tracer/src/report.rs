@@ -53,6 +53,10 @@ const WORST_FLOWS: usize = 10;
 pub struct TextOptions {
     /// The sender-policy replay (experimental: see the README).
     pub replay: bool,
+    /// The segments came from a capture file: `counters` holds what the
+    /// reader counted (frames, TCP, non-TCP, truncated, unsupported link
+    /// types), not the kernel's.
+    pub capture: bool,
 }
 
 pub fn text(
@@ -69,8 +73,9 @@ pub fn text(
     let _ = writeln!(out, "{header}");
     let _ = writeln!(
         out,
-        "  segments   {} seen by XDP, {} with data ({:.1} MB, {:.1} Mbit/s)",
+        "  segments   {} seen by {}, {} with data ({:.1} MB, {:.1} Mbit/s)",
         t.segments,
+        if opts.capture { "the capture" } else { "XDP" },
         r.data_segments,
         r.payload_bytes as f64 / 1e6,
         r.payload_bytes as f64 * 8.0 / secs / 1e6
@@ -142,7 +147,19 @@ pub fn text(
         );
         replay_lines(&mut out, &s.totals.replay, "  ");
     }
-    kernel_lines(&mut out, counters);
+    if opts.capture {
+        let _ = writeln!(
+            out,
+            "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}",
+            counters.get(counter::XDP_FRAMES),
+            counters.get(counter::XDP_TCP),
+            counters.get(counter::XDP_NON_TCP),
+            counters.get(counter::XDP_TRUNCATED),
+            counters.get(counter::XDP_UNSUPPORTED),
+        );
+    } else {
+        kernel_lines(&mut out, counters);
+    }
     let shown: Vec<_> = s
         .flows
         .iter()

@@ -50,8 +50,8 @@ const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// Debian packages the tracer and its tests call: `ip`/`ss`/`nstat`,
 /// `bpftool` (an independent BTF reader in a unit test), `runuser` (the
 /// not-root test), `iptables` (drops that force retransmissions; the lab's
-/// NFQUEUE rule in pattern mode), `ethtool`, and `tmux` (a terminal for the
-/// live view's end-to-end test).
+/// NFQUEUE rule in pattern mode), `ethtool`, `tmux` (a terminal for the
+/// live view's end-to-end test) and `tcpdump` (captures for `analyze`'s).
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftool",
@@ -59,6 +59,7 @@ const APT_PACKAGES: &[&str] = &[
     "iptables",
     "ethtool",
     "tmux",
+    "tcpdump",
 ];
 
 fn main() -> ExitCode {

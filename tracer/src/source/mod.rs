@@ -1,6 +1,8 @@
 //! Turns raw ring-buffer records into typed [`Observation`]s: the one stream
 //! every later stage (statistics, engine, exporters) consumes.
 
+pub mod capture;
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use serde::{Deserialize, Serialize};

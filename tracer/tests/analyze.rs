@@ -1,0 +1,152 @@
+//! `tracer analyze` on captures: a tcpdump capture of a lab upload gives
+//! the numbers the live trace gave (root; in CI), and bad files get one
+//! clear line.
+
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer::lab;
+
+mod common;
+use common::{root_or_skip, BIN};
+
+fn analyze(file: &std::path::Path) -> std::process::Output {
+    Command::new(BIN)
+        .args(["analyze", "--json"])
+        .arg(file)
+        .output()
+        .expect("run tracer analyze")
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+#[test]
+fn a_file_that_is_no_capture_gets_one_line_and_exit_2() {
+    let dir = std::env::temp_dir().join(format!("tracer-analyze-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("garbage.pcap");
+    std::fs::write(&garbage, b"GIF89a, not a capture").unwrap();
+    let empty = dir.join("empty.pcap");
+    std::fs::write(&empty, b"").unwrap();
+    for (file, says) in [
+        (
+            garbage,
+            "at byte 0: not a pcap or pcapng file (magic 47494638)",
+        ),
+        (
+            empty,
+            "at byte 0: not a capture: shorter than a file header",
+        ),
+        (dir.join("missing.pcap"), "No such file"),
+    ] {
+        let out = analyze(&file);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
+    if !root_or_skip("a_tcpdump_capture_gives_what_the_live_trace_gave") {
+        return;
+    }
+    let pcap = std::env::temp_dir().join(format!("tracer-analyze-{}.pcap", std::process::id()));
+    let lab_run = Command::new(BIN)
+        .args(["lab", "--json", "--quiet", "--rate", "50", "--flows", "2"])
+        .args(["--bytes", "1G", "--duration", "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tracer lab");
+    // tcpdump on the server's interface once its namespace exists (the
+    // first segments may pass before it starts).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let has_interface = |ns: &str| {
+        Command::new("ip")
+            .args(["-n", ns, "link", "show", lab::SERVER_IF])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let ns = loop {
+        let server = lab::lab_namespaces()
+            .into_iter()
+            .find(|n| n.ends_with("-server"));
+        if let Some(ns) = server.filter(|ns| has_interface(ns)) {
+            break ns;
+        }
+        assert!(Instant::now() < deadline, "no lab namespace");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut tcpdump = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            "tcpdump",
+            "-i",
+            lab::SERVER_IF,
+            "-s",
+            "128",
+            "-U",
+            "-w",
+        ])
+        .arg(&pcap)
+        .args(["tcp", "dst", "port", "5201"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("tcpdump (apt package tcpdump: cargo xtask setup installs it)");
+    let live = lab_run.wait_with_output().unwrap();
+    assert_eq!(
+        live.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&live.stderr)
+    );
+    // SAFETY: plain kill(2) on our child; SIGINT makes tcpdump flush.
+    unsafe { libc::kill(tcpdump.id() as i32, libc::SIGINT) };
+    tcpdump.wait().unwrap();
+    let live: Value = serde_json::from_slice(&live.stdout).unwrap();
+    let out = analyze(&pcap);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (l, f) = (&live["totals"], &file["totals"]);
+    for key in ["data_segments", "reordered", "retransmissions"] {
+        let (a, b) = (u(&f[key]), u(&l[key]));
+        eprintln!("{key}: capture {a}, live {b}");
+        // tcpdump's tap sees the packets after XDP, from two CPUs: the
+        // order can differ by a few segments; and it starts a little late.
+        assert!(
+            (a as f64 - b as f64).abs() <= 0.05 * b as f64,
+            "{key}: capture {a} vs live {b}"
+        );
+    }
+    assert!(u(&l["reordered"]) > 1000, "the lab reordered little");
+    // Cut short in the middle: what came before is analysed, then one line
+    // says where the file ends, and the exit status is 1.
+    let bytes = std::fs::read(&pcap).unwrap();
+    std::fs::write(&pcap, &bytes[..bytes.len() / 2 + 7]).unwrap();
+    let out = analyze(&pcap);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_file(&pcap);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the file ends inside"), "{stderr}");
+    let half: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let n = u(&half["totals"]["data_segments"]);
+    assert!(n > 0 && n < u(&f["data_segments"]), "{n}");
+    assert!(lab::lab_namespaces().is_empty());
+}
