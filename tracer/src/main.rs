@@ -42,6 +42,9 @@ enum Command {
     /// Analyse a capture file (pcap or pcapng: ours, tcpdump's,
     /// Wireshark's) with the same engine and report as `record`.
     Analyze(AnalyzeArgs),
+    /// The sender-policy replay of a capture file alone, with the path
+    /// each flow was replayed on (options as `analyze`).
+    Replay(AnalyzeArgs),
     /// Reproduce flow-steering reordering on this machine: a kernel-TCP
     /// upload through an emulated flow-director NIC, traced, checked against
     /// the lab's ground truth; everything removed at the end.
@@ -187,6 +190,10 @@ struct RecordArgs {
 struct AnalyzeArgs {
     /// The capture (pcap or pcapng; Ethernet, raw IP or Linux cooked).
     file: PathBuf,
+    /// Only these flows, e.g. "port 5201", "net 10.0.0.0/24 and port 443"
+    /// (as `record --filter`).
+    #[arg(long, value_name = "EXPR")]
+    flow: Option<String>,
     #[command(flatten)]
     report: ReportArgs,
 }
@@ -306,7 +313,8 @@ fn main() -> ExitCode {
         Command::Record(args) => record_cmd(args, false),
         Command::Live(args) => record_cmd(args, true),
         Command::Lab(args) => lab_cmd(args),
-        Command::Analyze(args) => analyze_cmd(args),
+        Command::Analyze(args) => analyze_cmd(args, false),
+        Command::Replay(args) => analyze_cmd(args, true),
     };
     match result {
         Ok(code) => code,
@@ -529,16 +537,24 @@ fn finish(outcome: &Outcome, out: Option<&JsonLines>, json: bool) -> Result<Exit
     })
 }
 
-fn analyze_cmd(args: AnalyzeArgs) -> Result<ExitCode> {
+/// `analyze`, or with `replay_only` the `replay` command.
+fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     use tracer::{kernel::Counters, source::capture};
     use tracer_common::counter;
     let mut engine = args.report.engine()?;
+    let filter = Filter::parse(args.flow.as_deref().unwrap_or(""))
+        .map_err(|e| SetupError::BadArgument(e.to_string().replacen("--filter", "--flow", 1)))?;
     let path = args.file.display().to_string();
     let file = std::fs::File::open(&args.file)
         .map_err(|e| SetupError::BadArgument(format!("opening {path}: {e}")))?;
     let reader = capture::CaptureReader::new(std::io::BufReader::with_capacity(1 << 20, file))
         .map_err(|e| SetupError::BadArgument(format!("{path} {e}")))?;
-    let summary = capture::feed(reader, &mut engine);
+    let summary = capture::feed(reader, &mut engine, |s| {
+        filter.matches(
+            (s.flow.src.ip(), s.flow.src.port()),
+            (s.flow.dst.ip(), s.flow.dst.port()),
+        )
+    });
     let mut counters = Counters::default();
     for (index, n) in [
         (counter::XDP_FRAMES, summary.packets),
@@ -546,19 +562,30 @@ fn analyze_cmd(args: AnalyzeArgs) -> Result<ExitCode> {
         (counter::XDP_NON_TCP, summary.non_tcp),
         (counter::XDP_TRUNCATED, summary.truncated),
         (counter::XDP_UNSUPPORTED, summary.unsupported_link),
+        (counter::XDP_FILTERED, summary.filtered),
     ] {
         counters.map[index as usize] = n;
     }
     let snapshot = engine.snapshot();
     let elapsed = Duration::from_nanos(summary.last_ns.saturating_sub(summary.first_ns));
-    if args.report.json {
+    let header = format!(
+        "tracer: {path}, {} packets over {:.1} s",
+        summary.packets,
+        elapsed.as_secs_f64()
+    );
+    if replay_only && args.report.json {
+        let flows: Vec<serde_json::Value> = snapshot
+            .flows
+            .iter()
+            .map(|f| serde_json::json!({"src": f.src, "dst": f.dst, "replay": f.replay}))
+            .collect();
+        let v = serde_json::json!({"replay": snapshot.totals.replay, "flows": flows});
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+    } else if replay_only {
+        print!("{}", report::replay_text(&snapshot, &header));
+    } else if args.report.json {
         println!("{}", report::json(&snapshot));
     } else {
-        let header = format!(
-            "tracer: {path}, {} packets over {:.1} s",
-            summary.packets,
-            elapsed.as_secs_f64()
-        );
         let opts = report::TextOptions {
             replay: args.report.replay,
             capture: true,

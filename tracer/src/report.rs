@@ -150,12 +150,13 @@ pub fn text(
     if opts.capture {
         let _ = writeln!(
             out,
-            "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}",
+            "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}, filtered out {}",
             counters.get(counter::XDP_FRAMES),
             counters.get(counter::XDP_TCP),
             counters.get(counter::XDP_NON_TCP),
             counters.get(counter::XDP_TRUNCATED),
             counters.get(counter::XDP_UNSUPPORTED),
+            counters.get(counter::XDP_FILTERED),
         );
     } else {
         kernel_lines(&mut out, counters);
@@ -311,6 +312,31 @@ fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions) {
     if let Some(r) = f.replay.as_ref().filter(|_| opts.replay) {
         replay_lines(out, r, "      ");
     }
+}
+
+/// The replay alone (`tracer replay FILE`): all flows, then each flow with
+/// the path it was replayed on.
+pub fn replay_text(s: &Snapshot, header: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{header}");
+    let _ = writeln!(
+        out,
+        "  replay     all flows (each replayed on its own path; experimental, see the README):"
+    );
+    replay_lines(&mut out, &s.totals.replay, "  ");
+    for f in s.flows.iter().filter(|f| f.data_segments > 0) {
+        let _ = writeln!(
+            out,
+            "    {}  {} of {} segments reordered",
+            f.flow(),
+            f.reordered,
+            f.data_segments
+        );
+        if let Some(r) = &f.replay {
+            replay_lines(&mut out, r, "      ");
+        }
+    }
+    out
 }
 
 /// "what a sender would have done": one line per policy, then the ratio.

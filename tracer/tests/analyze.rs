@@ -69,19 +69,18 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
     // tcpdump on the server's interface once its namespace exists (the
     // first segments may pass before it starts).
     let deadline = Instant::now() + Duration::from_secs(10);
-    let has_interface = |ns: &str| {
+    // (Up: tcpdump refuses an interface that is down.)
+    let interface_up = |ns: &str| {
         Command::new("ip")
-            .args(["-n", ns, "link", "show", lab::SERVER_IF])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+            .args(["-n", ns, "-o", "link", "show", lab::SERVER_IF])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(",UP"))
     };
     let ns = loop {
         let server = lab::lab_namespaces()
             .into_iter()
             .find(|n| n.ends_with("-server"));
-        if let Some(ns) = server.filter(|ns| has_interface(ns)) {
+        if let Some(ns) = server.filter(|ns| interface_up(ns)) {
             break ns;
         }
         assert!(Instant::now() < deadline, "no lab namespace");
@@ -102,7 +101,7 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
         ])
         .arg(&pcap)
         .args(["tcp", "dst", "port", "5201"])
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("tcpdump (apt package tcpdump: cargo xtask setup installs it)");
     let live = lab_run.wait_with_output().unwrap();
@@ -114,7 +113,9 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
     );
     // SAFETY: plain kill(2) on our child; SIGINT makes tcpdump flush.
     unsafe { libc::kill(tcpdump.id() as i32, libc::SIGINT) };
-    tcpdump.wait().unwrap();
+    let said = tcpdump.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&said.stderr);
+    assert!(pcap.exists(), "tcpdump wrote nothing: {said}");
     let live: Value = serde_json::from_slice(&live.stdout).unwrap();
     let out = analyze(&pcap);
     assert_eq!(
@@ -136,6 +137,34 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
         );
     }
     assert!(u(&l["reordered"]) > 1000, "the lab reordered little");
+    // One flow of the two, by its port; and the replay alone, per flow.
+    let port = file["flows"][0]["src"]
+        .as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
+    let one = Command::new(BIN)
+        .args(["analyze", "--json", "--flow", &format!("port {port}")])
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    let one: Value = serde_json::from_slice(&one.stdout).unwrap();
+    assert_eq!(one["flows"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        u(&one["totals"]["data_segments"]),
+        u(&file["flows"][0]["data_segments"])
+    );
+    let replay = Command::new(BIN)
+        .args(["replay", "--json"])
+        .arg(&pcap)
+        .output()
+        .unwrap();
+    assert_eq!(replay.status.code(), Some(0));
+    let replay: Value = serde_json::from_slice(&replay.stdout).unwrap();
+    assert_eq!(replay["replay"], f["replay"]);
+    assert_eq!(replay["flows"].as_array().unwrap().len(), 2);
     // Cut short in the middle: what came before is analysed, then one line
     // says where the file ends, and the exit status is 1.
     let bytes = std::fs::read(&pcap).unwrap();

@@ -529,16 +529,20 @@ pub struct CaptureSummary {
     pub unsupported_link: u64,
     pub first_ns: u64,
     pub last_ns: u64,
+    /// TCP segments `keep` left out.
+    pub filtered: u64,
     /// Some packet carried its RX queue (pcapng `epb_queue`).
     pub queues: bool,
     /// Where the file stopped making sense (what came before was fed).
     pub error: Option<CaptureError>,
 }
 
-/// Feeds every TCP segment of `reader` to `engine`, in file order.
+/// Feeds every TCP segment of `reader` that `keep` passes to `engine`, in
+/// file order.
 pub fn feed<R: Read>(
     mut reader: CaptureReader<R>,
     engine: &mut crate::engine::Engine,
+    keep: impl Fn(&Segment) -> bool,
 ) -> CaptureSummary {
     let mut s = CaptureSummary::default();
     while let Some(p) = reader.next_packet() {
@@ -556,6 +560,7 @@ pub fn feed<R: Read>(
         }
         s.last_ns = s.last_ns.max(p.ts_ns);
         match segment(&p) {
+            Ok(seg) if !keep(&seg) => s.filtered += 1,
             Ok(seg) => {
                 s.tcp += 1;
                 engine.segment(&seg);
