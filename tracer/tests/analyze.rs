@@ -86,7 +86,7 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
         assert!(Instant::now() < deadline, "no lab namespace");
         std::thread::sleep(Duration::from_millis(10));
     };
-    let mut tcpdump = Command::new("ip")
+    let tcpdump = Command::new("ip")
         .args([
             "netns",
             "exec",
