@@ -227,7 +227,15 @@ fn test(extra: &[String]) -> Result<ExitCode> {
 fn bench() -> Result<ExitCode> {
     // Userspace only: the eBPF object is still built (tracer's build.rs).
     setup()?;
-    sh(cargo().args(["bench", "--package", "tracer", "--bench", "engine"]))?;
+    sh(cargo().args([
+        "bench",
+        "--package",
+        "tracer",
+        "--bench",
+        "engine",
+        "--bench",
+        "analyze",
+    ]))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,151 @@
+//! `tracer analyze` against tshark's TCP analysis on the same capture, in
+//! the same run (`cargo xtask bench`): packets per second and the ratio.
+//!
+//! The capture: 1,000,000 TCP segments (Ethernet, IPv4, TCP with
+//! timestamps; headers only, as `tcpdump -s 128` keeps them) over 100
+//! flows in trains of 8, each flow swapping two neighbours every 50
+//! segments. Both tools read it from the page cache (read once before).
+
+use std::{
+    io::Write,
+    process::{Command, Stdio},
+    time::Instant,
+};
+
+const SEGMENTS: u32 = 1_000_000;
+const FLOWS: u32 = 100;
+const MSS: u32 = 1448;
+
+/// Ethernet + IPv4 + TCP (timestamps) headers of one segment.
+fn frame(flow: u32, seq: u32, tsval: u32, ip_id: u16) -> Vec<u8> {
+    let mut f = vec![0u8; 14];
+    f[12] = 0x08;
+    let total: u16 = 20 + 32 + MSS as u16;
+    let mut ip = vec![
+        0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+    ];
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
+    f.extend(ip);
+    let mut tcp = vec![0u8; 32];
+    tcp[0..2].copy_from_slice(&(20_000 + flow as u16).to_be_bytes());
+    tcp[2..4].copy_from_slice(&5201u16.to_be_bytes());
+    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
+    tcp[8..12].copy_from_slice(&1u32.to_be_bytes());
+    tcp[12] = 8 << 4;
+    tcp[13] = 0x10;
+    tcp[14..16].copy_from_slice(&1024u16.to_be_bytes());
+    tcp[20] = 1;
+    tcp[21] = 1;
+    tcp[22] = 8;
+    tcp[23] = 10;
+    tcp[24..28].copy_from_slice(&tsval.to_be_bytes());
+    f.extend(tcp);
+    f
+}
+
+/// A classic pcap, microseconds, Ethernet.
+fn capture() -> Vec<u8> {
+    let mut out = Vec::with_capacity(SEGMENTS as usize * 100 + 24);
+    for v in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 128, 1] {
+        out.extend(v.to_le_bytes());
+    }
+    let per_flow = SEGMENTS / FLOWS;
+    let mut t_us = 1_700_000_000_000_000u64;
+    for train in 0..per_flow / 8 {
+        for flow in 0..FLOWS {
+            for k in 0..8 {
+                let mut n = train * 8 + k;
+                // Every 50th segment swaps with the next.
+                if n % 50 == 10 {
+                    n += 1;
+                } else if n % 50 == 11 {
+                    n -= 1;
+                }
+                let f = frame(flow, 1 + n * MSS, 1000 + n / 100, n as u16);
+                out.extend(((t_us / 1_000_000) as u32).to_le_bytes());
+                out.extend(((t_us % 1_000_000) as u32).to_le_bytes());
+                out.extend((f.len() as u32).to_le_bytes());
+                out.extend((f.len() as u32 + MSS).to_le_bytes());
+                out.extend(f);
+                t_us += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Seconds `cmd` took, and its stdout.
+fn timed(cmd: &mut Command) -> Option<(f64, String)> {
+    let t = Instant::now();
+    let out = cmd.stderr(Stdio::null()).output().ok()?;
+    let secs = t.elapsed().as_secs_f64();
+    out.status
+        .success()
+        .then(|| (secs, String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+fn main() {
+    let path = std::env::temp_dir().join(format!("tracer-bench-{}.pcap", std::process::id()));
+    let bytes = capture();
+    std::fs::File::create(&path)
+        .and_then(|mut f| f.write_all(&bytes))
+        .expect("writing the capture");
+    let n = f64::from(SEGMENTS);
+    println!(
+        "capture benchmark: {SEGMENTS} segments over {FLOWS} flows, {} MB, pcap",
+        bytes.len() / 1_000_000
+    );
+    let tracer = timed(
+        Command::new(env!("CARGO_BIN_EXE_tracer"))
+            .args(["analyze", "--json"])
+            .arg(&path),
+    )
+    .expect("tracer analyze");
+    let report: serde_json::Value = serde_json::from_str(&tracer.1).expect("JSON report");
+    let reordered = &report["totals"]["reordered"];
+    println!(
+        "  tracer analyze  {:>8.2} M packets/s ({:.2} s; {reordered} reordered, the replay included)",
+        n / tracer.0 / 1e6,
+        tracer.0
+    );
+    let tshark = timed(Command::new("tshark").arg("-r").arg(&path).args([
+        "-q",
+        "-z",
+        "io,stat,0,tcp.analysis.out_of_order",
+    ]));
+    match tshark {
+        Some((secs, _)) => {
+            let target = if secs / tracer.0 >= 20.0 {
+                "met"
+            } else {
+                "NOT met"
+            };
+            println!(
+                "  tshark          {:>8.2} M packets/s ({secs:.2} s; io,stat tcp.analysis.out_of_order)",
+                n / secs / 1e6
+            );
+            println!(
+                "  tracer/tshark   {:>8.1}x faster (target >= 20x: {target})",
+                secs / tracer.0
+            );
+        }
+        None => println!("  tshark          not installed (apt-get install tshark): no comparison"),
+    }
+    match timed(
+        Command::new("tcptrace")
+            .arg("-l")
+            .arg(&path)
+            .stdout(Stdio::null()),
+    ) {
+        Some((secs, _)) => println!(
+            "  tcptrace -l     {:>8.2} M packets/s ({secs:.2} s); tracer {:.1}x faster",
+            n / secs / 1e6,
+            secs / tracer.0
+        ),
+        None => {
+            println!("  tcptrace        not installed (apt-get install tcptrace): no comparison")
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
