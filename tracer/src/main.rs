@@ -547,14 +547,37 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     let path = args.file.display().to_string();
     let file = std::fs::File::open(&args.file)
         .map_err(|e| SetupError::BadArgument(format!("opening {path}: {e}")))?;
+    // A progress bar on a terminal, for files that take more than a moment
+    // (~64 MB: a fifth of a second here).
+    let size = file.metadata().map_or(0, |m| m.len());
+    let bar = (std::io::stderr().is_terminal() && size > 64 << 20).then(|| {
+        let bar = indicatif::ProgressBar::new(size);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {eta}")
+                .expect("template"),
+        );
+        bar
+    });
     let reader = capture::CaptureReader::new(std::io::BufReader::with_capacity(1 << 20, file))
         .map_err(|e| SetupError::BadArgument(format!("{path} {e}")))?;
-    let summary = capture::feed(reader, &mut engine, |s| {
-        filter.matches(
-            (s.flow.src.ip(), s.flow.src.port()),
-            (s.flow.dst.ip(), s.flow.dst.port()),
-        )
-    });
+    let summary = capture::feed(
+        reader,
+        &mut engine,
+        |s| {
+            filter.matches(
+                (s.flow.src.ip(), s.flow.src.port()),
+                (s.flow.dst.ip(), s.flow.dst.port()),
+            )
+        },
+        |at| {
+            if let Some(b) = &bar {
+                b.set_position(at);
+            }
+        },
+    );
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
     let mut counters = Counters::default();
     for (index, n) in [
         (counter::XDP_FRAMES, summary.packets),

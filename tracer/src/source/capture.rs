@@ -207,6 +207,11 @@ impl<R: Read> CaptureReader<R> {
         Ok(())
     }
 
+    /// Bytes read so far.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
     /// The next packet, or `None` at the end of the file.
     pub fn next_packet(&mut self) -> Option<Result<Packet, CaptureError>> {
         if self.done {
@@ -538,14 +543,18 @@ pub struct CaptureSummary {
 }
 
 /// Feeds every TCP segment of `reader` that `keep` passes to `engine`, in
-/// file order.
+/// file order; `progress` hears the bytes read every 65,536 packets.
 pub fn feed<R: Read>(
     mut reader: CaptureReader<R>,
     engine: &mut crate::engine::Engine,
     keep: impl Fn(&Segment) -> bool,
+    mut progress: impl FnMut(u64),
 ) -> CaptureSummary {
     let mut s = CaptureSummary::default();
     while let Some(p) = reader.next_packet() {
+        if s.packets % 65_536 == 0 {
+            progress(reader.offset());
+        }
         let p = match p {
             Ok(p) => p,
             Err(e) => {
