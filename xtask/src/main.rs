@@ -1,4 +1,4 @@
-//! `cargo xtask setup | build-and-run | lab | test | bench`: the project's
+//! `cargo xtask setup | build-and-run | lab | test | bench | fuzz`: the
 //! own tasks.
 
 use std::{
@@ -42,6 +42,13 @@ enum Task {
     /// Benchmarks, each printing its figures beside a baseline measured in
     /// the same run (ratios, not absolute times, are what to compare).
     Bench,
+    /// Fuzz the capture reader for SECS seconds (libFuzzer through
+    /// cargo-fuzz, installed if missing), from the seeds in fuzz/seeds
+    /// (slices of real lab captures).
+    Fuzz {
+        #[arg(default_value_t = 60)]
+        secs: u64,
+    },
 }
 
 /// The bpf-linker release that builds against the preinstalled nightly's
@@ -81,6 +88,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Task::Test { args } => test(&args),
         Task::Bench => bench(),
+        Task::Fuzz { secs } => fuzz(secs),
     }
 }
 
@@ -236,6 +244,27 @@ fn bench() -> Result<ExitCode> {
         "--bench",
         "analyze",
     ]))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fuzz(secs: u64) -> Result<ExitCode> {
+    setup()?;
+    if !succeeds(Command::new("cargo").args(["fuzz", "--version"])) {
+        println!("fuzz: installing cargo-fuzz");
+        sh(Command::new("cargo").args(["install", "cargo-fuzz", "--locked"]))?;
+    }
+    // A working corpus under target/ (libFuzzer adds to it), from the
+    // committed seeds.
+    let root = root_dir();
+    let corpus = root.join("target/fuzz-corpus/capture");
+    std::fs::create_dir_all(&corpus).context("creating the fuzz corpus")?;
+    sh(Command::new("cargo")
+        .current_dir(&root)
+        .args(["+nightly", "fuzz", "run", "capture"])
+        .arg(&corpus)
+        .arg(root.join("fuzz/seeds"))
+        .arg("--")
+        .arg(format!("-max_total_time={secs}")))?;
     Ok(ExitCode::SUCCESS)
 }
 

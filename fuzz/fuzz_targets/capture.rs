@@ -1,0 +1,25 @@
+//! Any bytes as a capture file: the reader ends in packets, a clean end or
+//! an error with an offset inside the file, never a panic, a hang or an
+//! allocation beyond what the file could hold.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tracer::source::capture::{segment, CaptureReader};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(mut reader) = CaptureReader::new(data) else {
+        return;
+    };
+    while let Some(p) = reader.next_packet() {
+        match p {
+            Ok(p) => {
+                assert!(p.offset < data.len() as u64);
+                let _ = segment(&p);
+            }
+            Err(e) => {
+                assert!(e.offset <= data.len() as u64, "{e}");
+                break;
+            }
+        }
+    }
+});
