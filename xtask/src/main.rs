@@ -1,5 +1,5 @@
 //! `cargo xtask setup | build-and-run | lab | test | bench | fuzz`: the
-//! own tasks.
+//! project's own tasks.
 
 use std::{
     path::{Path, PathBuf},
