@@ -355,13 +355,8 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
     let mut out = open_outputs(&args.trace)?;
     let mut tracer = Tracer::attach(&opts)?;
     eprintln!(
-        "tracing TCP received on {}{} (XDP {}); Ctrl-C to stop",
-        tracer.iface,
-        tracer
-            .netns
-            .as_ref()
-            .map(|n| format!(" in netns {n}"))
-            .unwrap_or_default(),
+        "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
+        traced_on(&tracer.iface, tracer.netns.as_deref()),
         tracer.mode
     );
     let mut screen = LiveScreen::open(live, &tracer)?;
@@ -423,13 +418,8 @@ impl LiveScreen {
             return Ok(Self(None));
         }
         let source = format!(
-            "{}{} (XDP {})",
-            tracer.iface,
-            tracer
-                .netns
-                .as_ref()
-                .map(|n| format!(" in netns {n}"))
-                .unwrap_or_default(),
+            "{} (XDP {})",
+            traced_on(&tracer.iface, tracer.netns.as_deref()),
             tracer.mode
         );
         Ok(Self(Some(tui::start(source)?)))
@@ -497,14 +487,18 @@ fn header(opts: &TracerOptions, o: &Outcome) -> String {
         StopReason::Finished => "transfer finished".to_string(),
     };
     format!(
-        "tracer: {:.1} s on {}{} ({stop})",
+        "tracer: {:.1} s on {} ({stop})",
         o.elapsed.as_secs_f64(),
-        opts.iface,
-        opts.netns
-            .as_ref()
-            .map(|n| format!(" in netns {n}"))
-            .unwrap_or_default(),
+        traced_on(&opts.iface, opts.netns.as_deref()),
     )
+}
+
+/// "IF" or "IF in netns NAME".
+fn traced_on(iface: &str, netns: Option<&str>) -> String {
+    match netns {
+        Some(n) => format!("{iface} in netns {n}"),
+        None => iface.to_string(),
+    }
 }
 
 /// Final lines shared by every command (stderr when stdout is JSON), and

@@ -726,55 +726,14 @@ impl Engine {
 
     /// The read-only view every sink renders.
     pub fn snapshot(&self) -> Snapshot {
-        self.snapshot_with(true)
+        self.snapshot_with(true, usize::MAX, None)
     }
 
     /// For the live view: the totals, and of the flows only the `max_flows`
     /// most reordered (then the busiest) and `keep` (`src -> dst`), without
     /// replays. The whole report of 20,000 flows takes ~190 ms to build.
-    // (Out of line: inlined next to the per-segment path, it cost that
-    // path a fifth of its speed in the benchmark.)
-    #[inline(never)]
     pub fn live_snapshot(&self, max_flows: usize, keep: Option<&str>) -> Snapshot {
-        let mut totals = (*self.evicted).clone();
-        let mut ranked: Vec<((u64, u64), &Flow, &FlowState)> = Vec::with_capacity(self.flows.len());
-        for (flow, f) in self.flows.iter() {
-            totals.add_flow(f);
-            let (reordered, bytes) = f
-                .wire
-                .as_ref()
-                .map_or((0, 0), |w| (w.m.reordered, w.m.payload_bytes));
-            ranked.push(((reordered, bytes), flow, f));
-        }
-        let by_rank = |a: &((u64, u64), &Flow, &FlowState), b: &((u64, u64), &Flow, &FlowState)| {
-            b.0.cmp(&a.0)
-        };
-        if ranked.len() > max_flows {
-            if max_flows > 0 {
-                ranked.select_nth_unstable_by(max_flows - 1, by_rank);
-            }
-            let (top, rest) = ranked.split_at_mut(max_flows);
-            let kept = keep.and_then(|k| {
-                rest.iter()
-                    .find(|(_, flow, _)| format!("{} -> {}", flow.src, flow.dst) == k)
-            });
-            let mut shown: Vec<_> = top.to_vec();
-            shown.extend(kept.copied());
-            ranked = shown;
-        }
-        ranked.sort_by(by_rank);
-        let flows = ranked
-            .iter()
-            .map(|(_, flow, f)| snapshot::flow_report(flow, f, &self.cfg, false))
-            .collect();
-        snapshot::build(
-            &totals,
-            flows,
-            self.flows.len() as u64,
-            self.evictions,
-            self.retransmit_events,
-            &self.cfg,
-        )
+        self.snapshot_with(false, max_flows, keep)
     }
 
     /// One flow's replay (`src -> dst` as the snapshot spells them).
@@ -790,13 +749,38 @@ impl Engine {
         *self = Engine::new(self.cfg);
     }
 
-    fn snapshot_with(&self, replay: bool) -> Snapshot {
+    // (Out of line: inlined next to the per-segment path, it cost that
+    // path a fifth of its speed in the benchmark.)
+    #[inline(never)]
+    fn snapshot_with(&self, replay: bool, max_flows: usize, keep: Option<&str>) -> Snapshot {
         let mut totals = (*self.evicted).clone();
-        let mut flows = Vec::with_capacity(self.flows.len());
+        let mut shown: Vec<(&Flow, &FlowState)> = Vec::with_capacity(self.flows.len());
         for (flow, f) in self.flows.iter() {
             totals.add_flow(f);
-            flows.push(snapshot::flow_report(flow, f, &self.cfg, replay));
+            shown.push((flow, f));
         }
+        if shown.len() > max_flows {
+            let rank = |f: &FlowState| {
+                f.wire
+                    .as_ref()
+                    .map_or((0, 0), |w| (w.m.reordered, w.m.payload_bytes))
+            };
+            shown.select_nth_unstable_by(max_flows.saturating_sub(1), |a, b| {
+                rank(b.1).cmp(&rank(a.1))
+            });
+            let kept = keep.and_then(|k| {
+                shown[max_flows..]
+                    .iter()
+                    .copied()
+                    .find(|(flow, _)| format!("{} -> {}", flow.src, flow.dst) == k)
+            });
+            shown.truncate(max_flows);
+            shown.extend(kept);
+        }
+        let mut flows: Vec<_> = shown
+            .into_iter()
+            .map(|(flow, f)| snapshot::flow_report(flow, f, &self.cfg, replay))
+            .collect();
         flows.sort_by(|a, b| {
             b.reordered
                 .cmp(&a.reordered)

@@ -111,7 +111,7 @@ impl<R: Read> CaptureReader<R> {
     /// Reads the file header.
     pub fn new(mut input: R) -> Result<Self, CaptureError> {
         let mut magic = [0u8; 4];
-        read_all(&mut input, &mut magic).map_err(|_| CaptureError {
+        input.read_exact(&mut magic).map_err(|_| CaptureError {
             offset: 0,
             what: "not a capture: shorter than a file header".into(),
         })?;
@@ -150,7 +150,9 @@ impl<R: Read> CaptureReader<R> {
 
     fn bytes(&mut self, n: usize, what: &str) -> Result<Vec<u8>, CaptureError> {
         let mut buf = vec![0u8; n];
-        read_all(&mut self.input, &mut buf).map_err(|_| truncated(self.offset, what))?;
+        self.input
+            .read_exact(&mut buf)
+            .map_err(|_| truncated(self.offset, what))?;
         self.offset += n as u64;
         Ok(buf)
     }
@@ -461,10 +463,6 @@ fn options(big_endian: bool, mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])>
         b = &b[(4 + len.div_ceil(4) * 4).min(b.len())..];
         Some((code, value))
     })
-}
-
-fn read_all(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<()> {
-    r.read_exact(buf)
 }
 
 /// Why a packet gave no segment.
