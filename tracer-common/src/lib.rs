@@ -13,6 +13,9 @@ pub mod kind {
     pub const TCP_PROBE: u8 = 2;
     /// A local retransmission ([`crate::RetransmitEvent`]).
     pub const RETRANSMIT: u8 = 3;
+    /// A TCP segment seen by XDP, with the frame's first bytes
+    /// ([`crate::CapturedSegment`]; written while recording a pcapng trace).
+    pub const XDP_CAPTURED: u8 = 4;
 }
 
 /// TCP flag bits, as in the TCP header's flags byte.
@@ -93,9 +96,33 @@ pub struct SegmentEvent {
     pub tsecr: u32,
     /// Outermost VLAN ID (12 bits) when `OPT_VLAN` is set.
     pub vlan: u16,
-    pub _pad: [u8; 6],
+    /// Bytes from the frame's start to the end of the TCP header.
+    pub header_len: u16,
+    pub _pad: [u8; 4],
     pub sack: [SackBlock; MAX_SACK_BLOCKS],
 }
+
+/// Most frame bytes a [`CapturedSegment`] carries (`--snaplen`'s bound).
+pub const CAPTURE_MAX: usize = 4096;
+
+/// A segment event with the first bytes of its frame: the headers, or up
+/// to the snapshot length asked for (never fewer than the headers). The
+/// record in the ring ends after `caplen` bytes of `data`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CapturedSegment {
+    /// `kind` is [`kind::XDP_CAPTURED`].
+    pub event: SegmentEvent,
+    /// Bytes of `data` that follow; 0 if they could not be copied
+    /// (`counter::XDP_CAPTURE_FAILED`).
+    pub caplen: u32,
+    /// The frame's length (all its fragments).
+    pub wire_len: u32,
+    pub data: [u8; CAPTURE_MAX],
+}
+
+/// Bytes of a [`CapturedSegment`] before its `data`.
+pub const CAPTURED_HEADER: usize = core::mem::size_of::<SegmentEvent>() + 8;
 
 /// A segment (possibly a GRO-coalesced run of them) as TCP's receive path
 /// processed it (`tcp_probe` tracepoint), with the socket's state.
@@ -189,8 +216,11 @@ pub mod counter {
     /// kernel skipped for that copy, every time the tracepoint fired.
     pub const PROBE_FIRST_COPY_RUNS: u32 = 19;
     pub const RTX_FIRST_COPY_RUNS: u32 = 20;
+    /// Captured segments whose frame bytes could not be copied (emitted
+    /// without them).
+    pub const XDP_CAPTURE_FAILED: u32 = 21;
     /// Number of counters.
-    pub const COUNT: u32 = 21;
+    pub const COUNT: u32 = 22;
 }
 
 /// Filter switches, in [`FilterConfig::flags`].

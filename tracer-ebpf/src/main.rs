@@ -23,15 +23,19 @@ fn main() {
 mod programs {
     use aya_ebpf::{
         bindings::xdp_action,
-        helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel},
+        helpers::{
+            bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+            bpf_xdp_get_buff_len, bpf_xdp_load_bytes,
+        },
         macros::{btf_tracepoint, map, xdp},
         maps::{lpm_trie::Key, Array, HashMap, LpmTrie, PerCpuArray, RingBuf},
         programs::{BtfTracePointContext, XdpContext},
         Global,
     };
     use tracer_common::{
-        counter, kind, tcp_flags, AddrKey, FilterConfig, FlowAddrs, KernelOffsets, ProbeEvent,
-        RetransmitEvent, SegmentEvent, FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS,
+        counter, kind, tcp_flags, AddrKey, CapturedSegment, FilterConfig, FlowAddrs, KernelOffsets,
+        ProbeEvent, RetransmitEvent, SegmentEvent, CAPTURED_HEADER, CAPTURE_MAX, FAMILY_IPV4,
+        FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS,
     };
 
     use tracer_ebpf::{
@@ -49,10 +53,11 @@ mod programs {
     static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
     #[map]
     static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
-    /// Per-CPU room for the segment being parsed: the 512-byte BPF stack
-    /// cannot hold it next to the parser's own state.
+    /// Per-CPU room for the segment being parsed (and its frame's bytes
+    /// when capturing): the 512-byte BPF stack cannot hold it next to the
+    /// parser's own state.
     #[map]
-    static SCRATCH: PerCpuArray<SegmentEvent> = PerCpuArray::with_max_entries(1, 0);
+    static SCRATCH: PerCpuArray<CapturedSegment> = PerCpuArray::with_max_entries(1, 0);
     #[map]
     static FILTER: Array<FilterConfig> = Array::with_max_entries(1, 0);
     #[map]
@@ -89,6 +94,12 @@ mod programs {
         tp_ts_recent: 0,
     });
 
+    /// Frame bytes to capture with each segment: 0 none (the plain segment
+    /// event); else at least the headers, up to this many bytes of the frame
+    /// (set at load time while recording a pcapng trace).
+    #[unsafe(no_mangle)]
+    static CAPTURE_SNAPLEN: Global<u32> = Global::new(0);
+
     /// Counts one event from XDP. XDP runs never nest on a CPU, so a plain
     /// increment of this CPU's slot is exact.
     #[inline(always)]
@@ -115,7 +126,7 @@ mod programs {
     /// Writes one event into the ring (bpf_ringbuf_output: reserve, copy,
     /// submit) and counts it as emitted, or as dropped if the ring is full.
     #[inline(always)]
-    fn emit<T>(ev: &T, count: fn(u32), emitted: u32, dropped: u32) {
+    fn emit<T: ?Sized>(ev: &T, count: fn(u32), emitted: u32, dropped: u32) {
         match EVENTS.output::<T>(ev, 0) {
             Ok(()) => count(emitted),
             Err(_) => count(dropped),
@@ -167,11 +178,12 @@ mod programs {
     pub fn tag_rx(ctx: XdpContext) -> u32 {
         count(counter::XDP_FRAMES);
         let frame = XdpFrame::new(&ctx);
-        let Some(ev) = SCRATCH.get_ptr_mut(0) else {
+        let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
             return xdp_action::XDP_PASS;
         };
         // SAFETY: this CPU's scratch slot; XDP does not nest on a CPU.
-        let ev = unsafe { &mut *ev };
+        let scratch = unsafe { &mut *scratch };
+        let ev = &mut scratch.event;
         *ev = SegmentEvent::default();
         if let Err(err) = parse::parse_segment(&frame, ev) {
             count(match err {
@@ -192,8 +204,56 @@ mod programs {
         ev.ifindex = ctx.ingress_ifindex() as u32;
         ev.rx_queue = ctx.rx_queue_index();
         ev.cpu = unsafe { bpf_get_smp_processor_id() };
-        emit(ev, count, counter::XDP_EMITTED, counter::XDP_DROPPED);
+        let snaplen = CAPTURE_SNAPLEN.load();
+        if snaplen == 0 {
+            emit(ev, count, counter::XDP_EMITTED, counter::XDP_DROPPED);
+        } else {
+            emit_captured(&ctx, scratch, snaplen);
+        }
         xdp_action::XDP_PASS
+    }
+
+    /// Emits the segment with its frame's first bytes: the headers, or
+    /// `snaplen` bytes if more, at most the frame and [`CAPTURE_MAX`].
+    #[inline(always)]
+    fn emit_captured(ctx: &XdpContext, c: &mut CapturedSegment, snaplen: u32) {
+        c.event.kind = kind::XDP_CAPTURED;
+        let wire_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as u32;
+        let want = snaplen
+            .max(u32::from(c.event.header_len))
+            .min(wire_len)
+            .min(CAPTURE_MAX as u32);
+        c.wire_len = wire_len;
+        c.caplen = 0;
+        if want > 0 {
+            // For the verifier: 1..=CAPTURE_MAX (a power of two), and for
+            // every value `want` can take, the same value.
+            let len = (opaque(want - 1) & (CAPTURE_MAX as u32 - 1)) + 1;
+            // SAFETY: `data` has room for CAPTURE_MAX bytes; the helper
+            // checks the packet side (fragments too).
+            let ret = unsafe { bpf_xdp_load_bytes(ctx.ctx, 0, c.data.as_mut_ptr().cast(), len) };
+            if ret == 0 {
+                c.caplen = len;
+            } else {
+                count(counter::XDP_CAPTURE_FAILED);
+            }
+        }
+        let size = CAPTURED_HEADER + (opaque(c.caplen) & (CAPTURE_MAX as u32 * 2 - 1)) as usize;
+        let size = size.min(core::mem::size_of::<CapturedSegment>());
+        // SAFETY: `size` bytes from the start of `c`, within it.
+        let bytes = unsafe {
+            core::slice::from_raw_parts((c as *const CapturedSegment).cast::<u8>(), size)
+        };
+        emit::<[u8]>(bytes, count, counter::XDP_EMITTED, counter::XDP_DROPPED);
+    }
+
+    /// The value, hidden from LLVM's range reasoning so that the mask after
+    /// it stays in the code (the verifier's bound).
+    #[inline(always)]
+    fn opaque(mut v: u32) -> u32 {
+        // SAFETY: a register move onto itself.
+        unsafe { core::arch::asm!("{0} = {0}", inout(reg) v) };
+        v
     }
 
     #[inline(always)]

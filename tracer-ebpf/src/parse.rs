@@ -242,6 +242,7 @@ fn parse_tcp<F: Frame + ?Sized>(
         return Err(ParseError::Truncated);
     }
     out.payload_len = (ip_payload - doff) as u32;
+    out.header_len = (l4 + doff) as u16;
     parse_tcp_options(f, l4 + 20, doff - 20, out)
 }
 

@@ -1,16 +1,21 @@
 //! JSON-lines export: one observation per line, as `source::Observation`
-//! serialises it (`{"kind":"segment",...}`). The raw export until pcapng.
+//! serialises it (`{"kind":"segment",...}`): for scripts (`jq`); the
+//! trace for Wireshark and `tracer analyze` is [`crate::pcapng`].
 
 use std::{
-    fs::{File, OpenOptions},
+    fs::File,
     io::{BufWriter, Write},
-    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context, Result};
 
-use crate::{record::Sink, source::Observation, SetupError};
+use crate::{
+    kernel::Counters,
+    record::Sink,
+    source::{Observation, Raw},
+    SetupError,
+};
 
 pub struct JsonLines {
     path: PathBuf,
@@ -23,16 +28,7 @@ pub struct JsonLines {
 impl JsonLines {
     /// Creates (truncates) `path` with mode 0600: traces reveal addresses.
     pub fn create(path: &Path) -> Result<Self, SetupError> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(path)
-            .map_err(|e| SetupError::BadOutput {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
+        let file = crate::create_private(path)?;
         Ok(Self {
             path: path.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, file),
@@ -47,7 +43,7 @@ impl JsonLines {
 }
 
 impl Sink for JsonLines {
-    fn observe(&mut self, obs: &Observation) {
+    fn observe(&mut self, obs: &Observation, _raw: &Raw) {
         if self.failed.is_some() {
             return;
         }
@@ -60,7 +56,7 @@ impl Sink for JsonLines {
         }
     }
 
-    fn flush(&mut self) -> Result<()> {
+    fn flush(&mut self, _counters: &Counters) -> Result<()> {
         if self.failed.is_none() {
             if let Err(e) = self.out.flush() {
                 self.failed = Some(e);

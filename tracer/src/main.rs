@@ -14,11 +14,13 @@ use tracer::{
     jsonl::JsonLines,
     kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
+    pcapng::{self, PcapngWriter},
     record::{self, Outcome, RecordOptions, Sink, StopReason},
     report,
     snapshot::Snapshot,
     tui, Filter, SetupError,
 };
+use tracer_common::CAPTURE_MAX;
 
 #[derive(Parser)]
 #[command(
@@ -59,9 +61,16 @@ struct TraceArgs {
     /// Ring buffer size in MiB (a power of two).
     #[arg(long, default_value_t = DEFAULT_RING_BYTES >> 20)]
     ring_mib: u32,
-    /// Write every observation as JSON lines to FILE (mode 0600).
+    /// Write the trace to FILE (mode 0600): FILE.pcapng for Wireshark,
+    /// tshark and `tracer analyze` (every segment's headers, its RX queue
+    /// and CPU, the TCP-layer events, the kernel's counters); FILE.jsonl
+    /// for scripts (every observation as a JSON line).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// pcapng: bytes of each frame to keep, when more than its headers
+    /// (default: the headers only; no payload leaves the kernel).
+    #[arg(long, value_name = "BYTES")]
+    snaplen: Option<u32>,
     /// No progress line every second.
     #[arg(long)]
     quiet: bool,
@@ -331,9 +340,85 @@ fn main() -> ExitCode {
     }
 }
 
-/// Opens the outputs before anything is attached, so bad paths fail early.
-fn open_outputs(trace: &TraceArgs) -> Result<Option<JsonLines>> {
-    Ok(trace.out.as_deref().map(JsonLines::create).transpose()?)
+/// `--out`: the trace file, by its extension.
+enum Output {
+    None,
+    Jsonl(JsonLines),
+    Pcapng(PcapngWriter),
+}
+
+impl Output {
+    /// Opens it before anything is attached, so bad paths fail early.
+    fn open(trace: &TraceArgs) -> Result<Self> {
+        let Some(path) = trace.out.as_deref() else {
+            if trace.snaplen.is_some() {
+                return Err(SetupError::BadArgument(
+                    "--snaplen applies to a pcapng trace: add --out FILE.pcapng".into(),
+                )
+                .into());
+            }
+            return Ok(Self::None);
+        };
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+        match ext {
+            "pcapng" => {
+                if let Some(n) = trace.snaplen.filter(|n| !(1..=CAPTURE_MAX as u32).contains(n)) {
+                    return Err(SetupError::BadArgument(format!(
+                        "--snaplen {n}: give 1 to {CAPTURE_MAX} bytes"
+                    ))
+                    .into());
+                }
+                Ok(Self::Pcapng(PcapngWriter::create(path)?))
+            }
+            "jsonl" if trace.snaplen.is_some() => Err(SetupError::BadArgument(
+                "--snaplen applies to a pcapng trace, not JSON lines".into(),
+            )
+            .into()),
+            "jsonl" => Ok(Self::Jsonl(JsonLines::create(path)?)),
+            _ => Err(SetupError::BadArgument(format!(
+                "--out {}: name the file FILE.pcapng (a trace for Wireshark and `tracer analyze`) or FILE.jsonl (JSON lines)",
+                path.display()
+            ))
+            .into()),
+        }
+    }
+
+    /// What XDP copies of each frame ([`TracerOptions::snaplen`]).
+    fn snaplen(&self, trace: &TraceArgs) -> u32 {
+        match self {
+            // At least the headers: 1 byte asks for exactly them.
+            Self::Pcapng(_) => trace.snaplen.unwrap_or(1),
+            _ => 0,
+        }
+    }
+
+    /// Once attached: the pcapng headers, naming the traced interface.
+    fn begin(&mut self, tracer: &Tracer, trace: &TraceArgs) -> Result<()> {
+        if let Self::Pcapng(w) = self {
+            let keeps = match trace.snaplen {
+                Some(n) => format!("the first {n} bytes of each frame (at least its headers)"),
+                None => "headers only".into(),
+            };
+            w.begin(&pcapng::Interface {
+                name: &tracer.iface,
+                description: &format!(
+                    "{}, XDP {}, {keeps}",
+                    traced_on(&tracer.iface, tracer.netns.as_deref()),
+                    tracer.mode
+                ),
+                ifindex: tracer.ifindex,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn sink(&mut self) -> Option<&mut dyn Sink> {
+        match self {
+            Self::None => None,
+            Self::Jsonl(j) => Some(j),
+            Self::Pcapng(p) => Some(p),
+        }
+    }
 }
 
 fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
@@ -349,11 +434,17 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         filter,
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
+        snaplen: 0,
     };
     let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
-    let mut out = open_outputs(&args.trace)?;
+    let mut out = Output::open(&args.trace)?;
+    let opts = TracerOptions {
+        snaplen: out.snaplen(&args.trace),
+        ..opts
+    };
     let mut tracer = Tracer::attach(&opts)?;
+    out.begin(&tracer, &args.trace)?;
     eprintln!(
         "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
         traced_on(&tracer.iface, tracer.netns.as_deref()),
@@ -363,7 +454,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
     let outcome = collect(
         &mut tracer,
         &mut engine,
-        out.as_mut(),
+        &mut out,
         || false,
         duration,
         !args.trace.quiet,
@@ -378,22 +469,19 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         &args.trace.report,
         None,
     );
-    finish(&outcome, out.as_ref(), args.trace.report.json)
+    finish(&outcome, &out, args.trace.report.json)
 }
 
 fn collect(
     tracer: &mut Tracer,
     engine: &mut Engine,
-    out: Option<&mut JsonLines>,
+    out: &mut Output,
     until: impl FnMut() -> bool,
     duration: Option<Duration>,
     progress: bool,
     live: Option<&mut tui::Link>,
 ) -> Result<Outcome> {
-    let mut sinks: Vec<&mut dyn Sink> = Vec::new();
-    if let Some(out) = out {
-        sinks.push(out);
-    }
+    let mut sinks: Vec<&mut dyn Sink> = out.sink().into_iter().collect();
     record::run(
         tracer,
         engine,
@@ -503,7 +591,7 @@ fn traced_on(iface: &str, netns: Option<&str>) -> String {
 
 /// Final lines shared by every command (stderr when stdout is JSON), and
 /// the exit code.
-fn finish(outcome: &Outcome, out: Option<&JsonLines>, json: bool) -> Result<ExitCode> {
+fn finish(outcome: &Outcome, out: &Output, json: bool) -> Result<ExitCode> {
     let say = |line: String| {
         if json {
             eprintln!("{}", line.trim_start());
@@ -518,11 +606,23 @@ fn finish(outcome: &Outcome, out: Option<&JsonLines>, json: bool) -> Result<Exit
             outcome.missing()
         ));
     }
-    if let Some(out) = out {
-        say(format!(
+    match out {
+        Output::None => {}
+        Output::Jsonl(j) => say(format!(
             "  wrote      {} observations (JSON lines)",
-            out.written()
-        ));
+            j.written()
+        )),
+        Output::Pcapng(p) => {
+            let (packets, records) = p.written();
+            say(format!(
+                "  wrote      {} ({packets} packets, {records} TCP-layer records; pcapng)",
+                p.path().display()
+            ));
+            if let Some(failure) = p.failure() {
+                // The report above stands; the trace is incomplete.
+                return Err(anyhow!(failure));
+            }
+        }
     }
     Ok(if outcome.counters.dropped() > 0 {
         ExitCode::from(3)
@@ -557,12 +657,7 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     let summary = capture::feed(
         reader,
         &mut engine,
-        |s| {
-            filter.matches(
-                (s.flow.src.ip(), s.flow.src.port()),
-                (s.flow.dst.ip(), s.flow.dst.port()),
-            )
-        },
+        |f| filter.matches((f.src.ip(), f.src.port()), (f.dst.ip(), f.dst.port())),
         |at| {
             if let Some(b) = &bar {
                 b.set_position(at);
@@ -583,7 +678,11 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     ] {
         counters.map[index as usize] = n;
     }
-    let snapshot = engine.snapshot();
+    // Our own traces carry the kernel's counters: the report is record's.
+    let snapshot = match &summary.kernel {
+        Some(k) => engine.snapshot().with_kernel(k),
+        None => engine.snapshot(),
+    };
     let elapsed = Duration::from_nanos(summary.last_ns.saturating_sub(summary.first_ns));
     let header = format!(
         "tracer: {path}, {} packets over {:.1} s",
@@ -605,12 +704,16 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     } else {
         let opts = report::TextOptions {
             replay: args.report.replay,
-            capture: true,
+            capture: summary.kernel.is_none(),
         };
-        print!(
-            "{}",
-            report::text(&snapshot, &counters, elapsed, &header, opts)
-        );
+        let shown = summary.kernel.as_ref().unwrap_or(&counters);
+        print!("{}", report::text(&snapshot, shown, elapsed, &header, opts));
+        if summary.kernel.is_some() {
+            print!("{}", report::capture_line(&counters));
+        }
+        if summary.undecodable > 0 {
+            println!("  WARNING    {} of this trace's kernel records did not decode (another version's, or recorded on a host of the other byte order)", summary.undecodable);
+        }
         if !summary.queues {
             println!("  note       no RX queue or CPU in this capture (tcpdump's have none): reordering and replay hold, but queue/CPU attribution and the verdicts need a tagged capture");
         }
@@ -677,7 +780,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     }
     let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
-    let mut out = open_outputs(&args.trace)?;
+    let mut out = Output::open(&args.trace)?;
     let mut lab = lab::Lab::create(&lab::LabSpec {
         mode,
         sender: match args.sender {
@@ -700,8 +803,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         filter: Filter::default(),
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
+        snaplen: out.snaplen(&args.trace),
     };
     let mut tracer = Tracer::attach(&opts)?;
+    out.begin(&tracer, &args.trace)?;
     eprintln!(
         "lab: {} x {:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
@@ -720,7 +825,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let outcome = collect(
         &mut tracer,
         &mut engine,
-        out.as_mut(),
+        &mut out,
         || lab.finished(),
         Some(timeout + Duration::from_secs(1)),
         !args.trace.quiet,
@@ -778,5 +883,5 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         };
         print!("{}", report::lab(&snapshot, &lab_outcome, opts));
     }
-    finish(&outcome, out.as_ref(), args.trace.report.json)
+    finish(&outcome, &out, args.trace.report.json)
 }

@@ -18,15 +18,19 @@ use crate::{
     engine::Engine,
     kernel::{Counters, Tracer},
     report,
-    source::{self, Observation},
+    source::{self, Observation, Raw},
     tui,
 };
 
 /// Something that consumes the observation stream.
 pub trait Sink {
-    fn observe(&mut self, obs: &Observation);
-    /// Called about once a second and at the end: push buffered output out.
-    fn flush(&mut self) -> Result<()> {
+    /// One observation and the record it came from (with a segment's
+    /// frame bytes when the tracer captures them:
+    /// [`crate::kernel::TracerOptions::snaplen`]).
+    fn observe(&mut self, obs: &Observation, raw: &Raw);
+    /// Called about once a second and at the end (with the final
+    /// counters): push buffered output out.
+    fn flush(&mut self, _counters: &Counters) -> Result<()> {
         Ok(())
     }
 }
@@ -36,7 +40,7 @@ pub trait Sink {
 pub struct Collect(pub Vec<Observation>);
 
 impl Sink for Collect {
-    fn observe(&mut self, obs: &Observation) {
+    fn observe(&mut self, obs: &Observation, _raw: &Raw) {
         self.0.push(obs.clone());
     }
 }
@@ -113,11 +117,11 @@ pub fn run(
             }
         }
         if now >= last_tick + TICK {
+            let counters = tracer.counters()?;
             for sink in sinks.iter_mut() {
-                sink.flush()?;
+                sink.flush(&counters)?;
             }
             if opts.progress {
-                let counters = tracer.counters()?;
                 let live = engine.live();
                 eprintln!(
                     "{}",
@@ -141,13 +145,14 @@ pub fn run(
     // kernel wrote, and the counters read after it are final.
     tracer.detach();
     while !drain(tracer, engine, sinks, &mut received, &mut decode_errors) {}
+    let counters = tracer.counters()?;
     for sink in sinks.iter_mut() {
-        sink.flush()?;
+        sink.flush(&counters)?;
     }
     Ok(Outcome {
         stop,
         elapsed: start.elapsed(),
-        counters: tracer.counters()?,
+        counters,
         received,
         decode_errors,
     })
@@ -246,11 +251,17 @@ fn drain(
             return true;
         };
         *received += 1;
-        match source::decode(&record) {
-            Ok(obs) => {
+        match source::decode_with_frame(&record) {
+            Ok((obs, frame)) => {
                 engine.observe_obs(&obs);
                 for sink in sinks.iter_mut() {
-                    sink.observe(&obs);
+                    sink.observe(
+                        &obs,
+                        &Raw {
+                            record: &record,
+                            frame,
+                        },
+                    );
                 }
             }
             Err(e) => {

@@ -148,16 +148,7 @@ pub fn text(
         replay_lines(&mut out, &s.totals.replay, "  ");
     }
     if opts.capture {
-        let _ = writeln!(
-            out,
-            "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}, filtered out {}",
-            counters.get(counter::XDP_FRAMES),
-            counters.get(counter::XDP_TCP),
-            counters.get(counter::XDP_NON_TCP),
-            counters.get(counter::XDP_TRUNCATED),
-            counters.get(counter::XDP_UNSUPPORTED),
-            counters.get(counter::XDP_FILTERED),
-        );
+        out.push_str(&capture_line(counters));
     } else {
         kernel_lines(&mut out, counters);
     }
@@ -178,6 +169,19 @@ pub fn text(
         let _ = writeln!(out, "    ... and {rest} more (--json has them all)");
     }
     out
+}
+
+/// What a capture file's reader counted (in `counters`' XDP slots).
+pub fn capture_line(counters: &Counters) -> String {
+    format!(
+        "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}, filtered out {}\n",
+        counters.get(counter::XDP_FRAMES),
+        counters.get(counter::XDP_TCP),
+        counters.get(counter::XDP_NON_TCP),
+        counters.get(counter::XDP_TRUNCATED),
+        counters.get(counter::XDP_UNSUPPORTED),
+        counters.get(counter::XDP_FILTERED),
+    )
 }
 
 /// The lab's own view next to the tracer's, flow by flow: what the sockets

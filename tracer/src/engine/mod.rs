@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 
 use crate::{
-    record::Sink,
     snapshot::{self, Snapshot},
     source::{Flow, Observation, Retransmit, Segment, TcpProbe},
 };
@@ -954,12 +953,6 @@ fn wire_update(
         class: out.class,
         late: out.late,
         attribution,
-    }
-}
-
-impl Sink for Engine {
-    fn observe(&mut self, obs: &Observation) {
-        self.observe_obs(obs);
     }
 }
 

@@ -67,6 +67,10 @@ pub struct TracerOptions {
     /// Attach `tag_rx` (XDP) too; without it only the TCP tracepoints
     /// report, and the interface's receive path stays as it was.
     pub xdp: bool,
+    /// Frame bytes XDP copies with each segment (for a pcapng trace): 0
+    /// none; else the headers, or this many bytes if more (at most
+    /// [`tracer_common::CAPTURE_MAX`]).
+    pub snaplen: u32,
 }
 
 impl TracerOptions {
@@ -78,6 +82,7 @@ impl TracerOptions {
             filter: Filter::default(),
             ring_bytes: DEFAULT_RING_BYTES,
             xdp: true,
+            snaplen: 0,
         }
     }
 }
@@ -133,6 +138,7 @@ impl Tracer {
 
         let mut ebpf = EbpfLoader::new()
             .override_global("KERNEL_OFFSETS", &offsets, true)
+            .override_global("CAPTURE_SNAPLEN", &opts.snaplen, true)
             .map_max_entries("EVENTS", opts.ring_bytes)
             .load(crate::EBPF_OBJECT)
             .context("loading the eBPF object")?;
@@ -435,6 +441,27 @@ impl Counters {
             + self.get(counter::RTX_EMITTED)
     }
 
+    /// Every count as one list (the map's, then the two miss counts): what
+    /// a pcapng trace stores; [`Counters::from_words`] reads it back.
+    pub fn words(&self) -> Vec<u64> {
+        let mut w = self.map.to_vec();
+        w.extend([self.probe_first_copy_misses, self.rtx_first_copy_misses]);
+        w
+    }
+
+    /// The counters of [`Counters::words`]; `None` if the list is not one
+    /// (another version's: a different number of counters).
+    pub fn from_words(w: &[u64]) -> Option<Self> {
+        let n = counter::COUNT as usize;
+        if w.len() != n + 2 {
+            return None;
+        }
+        let mut c = Self::default();
+        c.map.copy_from_slice(&w[..n]);
+        (c.probe_first_copy_misses, c.rtx_first_copy_misses) = (w[n], w[n + 1]);
+        Some(c)
+    }
+
     /// (name, value) of every counter, for reports.
     pub fn named(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         COUNTER_NAMES
@@ -473,4 +500,5 @@ pub const COUNTER_NAMES: [&str; counter::COUNT as usize] = [
     "retransmit_read_errors",
     "probe_first_copy_runs",
     "retransmit_first_copy_runs",
+    "xdp_capture_failed",
 ];

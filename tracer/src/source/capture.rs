@@ -4,7 +4,10 @@
 //!
 //! Link types: Ethernet (VLAN-tagged too), raw IP, Linux cooked (SLL and
 //! SLL2). The RX queue comes from pcapng's `epb_queue` option where the
-//! capture has it; nothing in a pcap says the CPU. A damaged file reads up
+//! capture has it; nothing in a pcap says the CPU. Our own traces
+//! ([`crate::pcapng`]) also give the CPU, the kernel's TCP-layer events and
+//! its counters, and their times on the kernel's clock, so that they read
+//! back into the stream they were recorded from. A damaged file reads up
 //! to its last whole record and then says where and what is wrong.
 
 use std::io::{ErrorKind, Read};
@@ -12,7 +15,8 @@ use std::io::{ErrorKind, Read};
 use tracer_common::SegmentEvent;
 use tracer_ebpf::parse::{self, ParseError};
 
-use super::Segment;
+use super::{Flow, Observation, Segment};
+use crate::kernel::Counters;
 
 /// What is wrong with a capture, and where (bytes from the file's start).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +43,10 @@ pub struct Packet {
     pub interface: u32,
     /// The RX queue (pcapng `epb_queue`).
     pub queue: Option<u32>,
+    /// The CPU (our traces' custom option).
+    pub cpu: Option<u32>,
+    /// The interface's kernel index (our traces; else 0).
+    pub ifindex: u32,
     pub data: Vec<u8>,
     /// Where its record starts in the file.
     pub offset: u64,
@@ -54,6 +62,52 @@ pub mod linktype {
     pub const IPV4: u32 = 228;
     pub const IPV6: u32 = 229;
     pub const LINUX_SLL2: u32 = 276;
+    /// Wireshark's exported PDUs (our traces' kernel records).
+    pub const UPPER_PDU: u32 = 252;
+}
+
+/// Wireshark's "exported PDU" header (`LINKTYPE_WIRESHARK_UPPER_PDU`):
+/// big-endian (type, length, value) tags up to an end tag. Ours name the
+/// dissector ("data") and the protocol column (the event's name).
+pub(crate) mod exported_pdu {
+    const PROTO_NAME: u16 = 12;
+    const COL_PROT_TEXT: u16 = 33;
+    const END: u16 = 0;
+
+    fn padded(n: usize) -> usize {
+        n.next_multiple_of(4)
+    }
+
+    /// Bytes of [`header`] for a protocol column `name`.
+    pub fn header_len(name: &[u8]) -> usize {
+        4 + padded(4) + 4 + padded(name.len()) + 4
+    }
+
+    pub fn header(out: &mut Vec<u8>, name: &[u8]) {
+        for (tag, value) in [(PROTO_NAME, &b"data"[..]), (COL_PROT_TEXT, name)] {
+            out.extend(tag.to_be_bytes());
+            out.extend((padded(value.len()) as u16).to_be_bytes());
+            out.extend_from_slice(value);
+            out.resize(out.len() + padded(value.len()) - value.len(), 0);
+        }
+        out.extend(END.to_be_bytes());
+        out.extend(0u16.to_be_bytes());
+    }
+
+    /// What follows the tags of `pdu`, if they end.
+    pub fn payload(pdu: &[u8]) -> Option<&[u8]> {
+        let mut at = 0;
+        loop {
+            let tag = u16::from_be_bytes(pdu.get(at..at + 2)?.try_into().ok()?);
+            let len = usize::from(u16::from_be_bytes(
+                pdu.get(at + 2..at + 4)?.try_into().ok()?,
+            ));
+            at += 4 + len;
+            if tag == END {
+                return pdu.get(at..);
+            }
+        }
+    }
 }
 
 /// Longest record accepted: more is a damaged length, not a packet.
@@ -63,25 +117,69 @@ const MAX_BLOCK: u32 = 16 << 20;
 
 const PCAP_US: u32 = 0xa1b2_c3d4;
 const PCAP_NS: u32 = 0xa1b2_3c4d;
-const PCAPNG_SHB: u32 = 0x0a0d_0d0a;
-const BYTE_ORDER: u32 = 0x1a2b_3c4d;
+pub(crate) const PCAPNG_SHB: u32 = 0x0a0d_0d0a;
+pub(crate) const BYTE_ORDER: u32 = 0x1a2b_3c4d;
 
-mod block {
+/// pcapng block types.
+pub(crate) mod block {
     pub const IDB: u32 = 1;
     pub const SPB: u32 = 3;
+    pub const ISB: u32 = 5;
     pub const EPB: u32 = 6;
 }
 
 /// pcapng option codes.
-mod opt {
+pub(crate) mod opt {
     pub const END: u16 = 0;
+    pub const COMMENT: u16 = 1;
+    pub const SHB_OS: u16 = 3;
+    pub const SHB_USERAPPL: u16 = 4;
+    pub const IF_NAME: u16 = 2;
+    pub const IF_DESCRIPTION: u16 = 3;
     pub const IF_TSRESOL: u16 = 9;
+    pub const EPB_FLAGS: u16 = 2;
     pub const EPB_QUEUE: u16 = 6;
+    pub const ISB_STARTTIME: u16 = 2;
+    pub const ISB_ENDTIME: u16 = 3;
+    pub const ISB_IFRECV: u16 = 4;
+    pub const ISB_FILTERACCEPT: u16 = 6;
+    pub const ISB_OSDROP: u16 = 7;
+    pub const ISB_USRDELIV: u16 = 8;
+    /// Custom option, binary, copiable.
+    pub const CUSTOM_BINARY: u16 = 2989;
+}
+
+/// Our custom blocks and options: the Private Enterprise Number, then a
+/// tag saying what follows.
+pub(crate) mod custom {
+    /// RFC 5612's example enterprise number (none is registered for us).
+    pub const PEN: u32 = 32473;
+    /// Interface option, on the traced interface: clock offset (i64 ns,
+    /// wall minus monotonic), ifindex (u32).
+    pub const META: [u8; 4] = *b"rmet";
+    /// Interface option: its packets are kernel records (each an exported
+    /// PDU holding one ring-buffer record, as it came).
+    pub const RECORD: [u8; 4] = *b"rrec";
+    /// EPB option: the CPU (u32).
+    pub const CPU: [u8; 4] = *b"rcpu";
+    /// ISB option: every kernel counter (u64s, `Counters::words`).
+    pub const COUNTERS: [u8; 4] = *b"rcnt";
+}
+
+/// What our trace's meta block said.
+#[derive(Clone, Copy)]
+struct Meta {
+    clock_offset: i64,
+    ifindex: u32,
 }
 
 struct Interface {
     linktype: u32,
     snaplen: u32,
+    /// Our trace's: the clock offset and ifindex of the traced interface;
+    /// whether the packets are kernel records.
+    meta: Option<Meta>,
+    records: bool,
     /// Nanoseconds per timestamp unit, as a ratio (units per second).
     units_per_s: u64,
 }
@@ -89,6 +187,20 @@ struct Interface {
 enum Kind {
     Pcap { nanos: bool, linktype: u32 },
     Pcapng { interfaces: Vec<Interface> },
+}
+
+/// What a capture holds, in file order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    Packet(Packet),
+    /// A kernel record from our trace's custom blocks (TCP-layer events;
+    /// segments whose frame bytes were not captured).
+    Record(Observation),
+    /// The kernel's counters at that point (our statistics blocks).
+    Counters(Counters),
+    /// One of our records that did not decode (another version's, or a
+    /// section in a foreign byte order).
+    Undecodable,
 }
 
 /// Reads packets from a capture, one record at a time.
@@ -166,6 +278,24 @@ impl<R: Read> CaptureReader<R> {
         }
     }
 
+    fn u64_at(&self, b: &[u8], at: usize) -> u64 {
+        let (first, second) = (
+            u64::from(self.u32_at(b, at)),
+            u64::from(self.u32_at(b, at + 4)),
+        );
+        if self.big_endian {
+            (first << 32) | second
+        } else {
+            (second << 32) | first
+        }
+    }
+
+    /// The data of one of our custom blocks or options (after the PEN and
+    /// the tag), if `b` is one with `tag`.
+    fn ours<'b>(&self, b: &'b [u8], tag: [u8; 4]) -> Option<&'b [u8]> {
+        (b.len() >= 8 && self.u32_at(b, 0) == custom::PEN && b[4..8] == tag).then(|| &b[8..])
+    }
+
     fn u16_at(&self, b: &[u8], at: usize) -> u16 {
         let w = [b[at], b[at + 1]];
         if self.big_endian {
@@ -214,8 +344,20 @@ impl<R: Read> CaptureReader<R> {
         self.offset
     }
 
-    /// The next packet, or `None` at the end of the file.
+    /// The next packet, or `None` at the end of the file (what else the
+    /// file holds is skipped: see [`CaptureReader::next_item`]).
     pub fn next_packet(&mut self) -> Option<Result<Packet, CaptureError>> {
+        loop {
+            match self.next_item()? {
+                Ok(Item::Packet(p)) => return Some(Ok(p)),
+                Ok(_) => {}
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+
+    /// The next item, or `None` at the end of the file.
+    pub fn next_item(&mut self) -> Option<Result<Item, CaptureError>> {
         if self.done {
             return None;
         }
@@ -250,7 +392,7 @@ impl<R: Read> CaptureReader<R> {
         Some(Ok(()))
     }
 
-    fn pcap_record(&mut self) -> Option<Result<Packet, CaptureError>> {
+    fn pcap_record(&mut self) -> Option<Result<Item, CaptureError>> {
         let Kind::Pcap { nanos, linktype } = self.kind else {
             unreachable!("pcap state");
         };
@@ -272,17 +414,19 @@ impl<R: Read> CaptureReader<R> {
             Ok(d) => d,
             Err(e) => return Some(Err(e)),
         };
-        Some(Ok(Packet {
+        Some(Ok(Item::Packet(Packet {
             ts_ns: secs * 1_000_000_000 + if nanos { frac } else { frac * 1000 },
             linktype,
             interface: 0,
             queue: None,
+            cpu: None,
+            ifindex: 0,
             data,
             offset: at,
-        }))
+        })))
     }
 
-    fn pcapng_packet(&mut self) -> Option<Result<Packet, CaptureError>> {
+    fn pcapng_packet(&mut self) -> Option<Result<Item, CaptureError>> {
         loop {
             let at = self.offset;
             let mut kind = [0u8; 4];
@@ -329,7 +473,7 @@ impl<R: Read> CaptureReader<R> {
         kind: u32,
         body: &[u8],
         at: u64,
-    ) -> Result<Option<Packet>, CaptureError> {
+    ) -> Result<Option<Item>, CaptureError> {
         let short = |what: &str| CaptureError {
             offset: at,
             what: format!("pcapng {what} shorter than its fixed fields"),
@@ -340,7 +484,17 @@ impl<R: Read> CaptureReader<R> {
                     return Err(short("interface description"));
                 }
                 let mut units_per_s = 1_000_000;
+                let (mut meta, mut records) = (None, false);
                 for (code, value) in options(self.big_endian, &body[8..]) {
+                    if code == opt::CUSTOM_BINARY {
+                        if let Some(m) = self.ours(value, custom::META).filter(|m| m.len() >= 12) {
+                            meta = Some(Meta {
+                                clock_offset: self.u64_at(m, 0) as i64,
+                                ifindex: self.u32_at(m, 8),
+                            });
+                        }
+                        records |= self.ours(value, custom::RECORD).is_some();
+                    }
                     if code == opt::IF_TSRESOL && !value.is_empty() {
                         let v = u32::from(value[0] & 0x7f);
                         units_per_s = if value[0] & 0x80 == 0 {
@@ -360,6 +514,8 @@ impl<R: Read> CaptureReader<R> {
                     linktype: u32::from(self.u16_at(body, 0)),
                     snaplen: self.u32_at(body, 4),
                     units_per_s,
+                    meta,
+                    records,
                 };
                 if let Kind::Pcapng { interfaces } = &mut self.kind {
                     interfaces.push(interface);
@@ -383,18 +539,39 @@ impl<R: Read> CaptureReader<R> {
                         ),
                     });
                 }
-                let (linktype, units_per_s) = self.interface(id, at)?;
-                let queue = options(self.big_endian, &body[20 + padded..])
-                    .find(|(code, v)| *code == opt::EPB_QUEUE && v.len() >= 4)
-                    .map(|(_, v)| self.u32_at(v, 0));
-                Ok(Some(Packet {
-                    ts_ns: scale(ts, units_per_s),
+                let iface = self.interface(id, at)?;
+                let data = &body[20..20 + caplen];
+                if iface.records {
+                    return Ok(Some(self.kernel_record(data)));
+                }
+                let (linktype, units_per_s, meta) = (iface.linktype, iface.units_per_s, iface.meta);
+                let (mut queue, mut cpu) = (None, None);
+                for (code, v) in options(self.big_endian, &body[20 + padded..]) {
+                    match code {
+                        opt::EPB_QUEUE if v.len() >= 4 => queue = Some(self.u32_at(v, 0)),
+                        opt::CUSTOM_BINARY => {
+                            if let Some(c) = self.ours(v, custom::CPU).filter(|c| c.len() >= 4) {
+                                cpu = Some(self.u32_at(c, 0));
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                let mut ts_ns = scale(ts, units_per_s);
+                if let Some(m) = meta {
+                    // Back onto the kernel's clock, as recorded.
+                    ts_ns = (ts_ns as i64).wrapping_sub(m.clock_offset) as u64;
+                }
+                Ok(Some(Item::Packet(Packet {
+                    ts_ns,
                     linktype,
                     interface: id,
                     queue,
-                    data: body[20..20 + caplen].to_vec(),
+                    cpu,
+                    ifindex: meta.map_or(0, |m| m.ifindex),
+                    data: data.to_vec(),
                     offset: at,
-                }))
+                })))
             }
             block::SPB => {
                 if body.len() < 4 {
@@ -406,32 +583,62 @@ impl<R: Read> CaptureReader<R> {
                 };
                 let snap = interfaces.first().map_or(0, |i| i.snaplen as usize);
                 let caplen = if snap == 0 { len } else { len.min(snap) }.min(body.len() - 4);
-                let (linktype, _) = self.interface(0, at)?;
-                Ok(Some(Packet {
+                let linktype = self.interface(0, at)?.linktype;
+                Ok(Some(Item::Packet(Packet {
                     ts_ns: 0,
                     linktype,
                     interface: 0,
                     queue: None,
+                    cpu: None,
+                    ifindex: 0,
                     data: body[4..4 + caplen].to_vec(),
                     offset: at,
-                }))
+                })))
             }
-            // Statistics, name resolution, custom and unknown blocks.
+            block::ISB => {
+                if body.len() < 12 {
+                    return Err(short("interface statistics"));
+                }
+                for (code, v) in options(self.big_endian, &body[12..]) {
+                    let Some(words) = (code == opt::CUSTOM_BINARY)
+                        .then(|| self.ours(v, custom::COUNTERS))
+                        .flatten()
+                    else {
+                        continue;
+                    };
+                    let words: Vec<u64> = (0..words.len() / 8)
+                        .map(|i| self.u64_at(words, i * 8))
+                        .collect();
+                    return Ok(Some(
+                        Counters::from_words(&words).map_or(Item::Undecodable, Item::Counters),
+                    ));
+                }
+                Ok(None)
+            }
+            // Name resolution, decryption secrets and unknown blocks.
             _ => Ok(None),
         }
     }
 
-    fn interface(&self, id: u32, at: u64) -> Result<(u32, u64), CaptureError> {
+    /// A packet of our records' interface: the kernel's bytes, in the byte
+    /// order of the host that recorded them (the section's).
+    fn kernel_record(&self, pdu: &[u8]) -> Item {
+        if self.big_endian != cfg!(target_endian = "big") {
+            return Item::Undecodable;
+        }
+        exported_pdu::payload(pdu)
+            .and_then(|r| super::decode(r).ok())
+            .map_or(Item::Undecodable, Item::Record)
+    }
+
+    fn interface(&self, id: u32, at: u64) -> Result<&Interface, CaptureError> {
         let Kind::Pcapng { interfaces } = &self.kind else {
             unreachable!("pcapng state");
         };
-        interfaces
-            .get(id as usize)
-            .map(|i| (i.linktype, i.units_per_s))
-            .ok_or_else(|| CaptureError {
-                offset: at,
-                what: format!("pcapng packet on interface {id}, which the file never described"),
-            })
+        interfaces.get(id as usize).ok_or_else(|| CaptureError {
+            offset: at,
+            what: format!("pcapng packet on interface {id}, which the file never described"),
+        })
     }
 }
 
@@ -477,7 +684,7 @@ pub enum Skip {
 }
 
 /// The TCP segment in a packet, as the XDP program would have tagged it
-/// (queue from the capture; CPU and interface index unknown: 0).
+/// (queue, CPU and interface index where the capture says them, else 0).
 pub fn segment(p: &Packet) -> Result<Segment, Skip> {
     let frame = ethernet_frame(p)?;
     let mut e = SegmentEvent::default();
@@ -487,6 +694,8 @@ pub fn segment(p: &Packet) -> Result<Segment, Skip> {
     })?;
     e.ts_ns = p.ts_ns;
     e.rx_queue = p.queue.unwrap_or(0);
+    e.cpu = p.cpu.unwrap_or(0);
+    e.ifindex = p.ifindex;
     Ok(e.into())
 }
 
@@ -536,25 +745,53 @@ pub struct CaptureSummary {
     pub filtered: u64,
     /// Some packet carried its RX queue (pcapng `epb_queue`).
     pub queues: bool,
+    /// Kernel records (our traces: TCP-layer events) fed to the engine,
+    /// and those that did not decode.
+    pub records: u64,
+    pub undecodable: u64,
+    /// The kernel's final counters, from our trace's last statistics block.
+    pub kernel: Option<Counters>,
     /// Where the file stopped making sense (what came before was fed).
     pub error: Option<CaptureError>,
 }
 
-/// Feeds every TCP segment of `reader` that `keep` passes to `engine`, in
-/// file order; `progress` hears the bytes read every 65,536 packets.
+/// Feeds every TCP segment of `reader` (and our traces' kernel records)
+/// whose flow `keep` passes to `engine`, in file order; `progress` hears
+/// the bytes read every 65,536 items.
 pub fn feed<R: Read>(
     mut reader: CaptureReader<R>,
     engine: &mut crate::engine::Engine,
-    keep: impl Fn(&Segment) -> bool,
+    keep: impl Fn(&Flow) -> bool,
     mut progress: impl FnMut(u64),
 ) -> CaptureSummary {
     let mut s = CaptureSummary::default();
-    while let Some(p) = reader.next_packet() {
-        if s.packets % 65_536 == 0 {
+    let mut items = 0u64;
+    while let Some(item) = reader.next_item() {
+        if items.is_multiple_of(65_536) {
             progress(reader.offset());
         }
-        let p = match p {
-            Ok(p) => p,
+        items += 1;
+        let p = match item {
+            Ok(Item::Packet(p)) => p,
+            Ok(Item::Record(obs)) => {
+                let segment = matches!(obs, Observation::Segment(_));
+                if !keep(&obs.flow()) {
+                    s.filtered += u64::from(segment);
+                } else {
+                    s.records += 1;
+                    s.tcp += u64::from(segment);
+                    engine.observe_obs(&obs);
+                }
+                continue;
+            }
+            Ok(Item::Counters(c)) => {
+                s.kernel = Some(c);
+                continue;
+            }
+            Ok(Item::Undecodable) => {
+                s.undecodable += 1;
+                continue;
+            }
             Err(e) => {
                 s.error = Some(e);
                 break;
@@ -567,7 +804,7 @@ pub fn feed<R: Read>(
         }
         s.last_ns = s.last_ns.max(p.ts_ns);
         match segment(&p) {
-            Ok(seg) if !keep(&seg) => s.filtered += 1,
+            Ok(seg) if !keep(&seg.flow) => s.filtered += 1,
             Ok(seg) => {
                 s.tcp += 1;
                 engine.segment(&seg);

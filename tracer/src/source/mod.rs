@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 use tracer_common::{
-    kind, FlowAddrs, ProbeEvent, RetransmitEvent, SegmentEvent, FAMILY_IPV4, OPT_FIRST_FRAGMENT,
-    OPT_TIMESTAMP, OPT_VLAN,
+    kind, FlowAddrs, ProbeEvent, RetransmitEvent, SegmentEvent, CAPTURED_HEADER, FAMILY_IPV4,
+    OPT_FIRST_FRAGMENT, OPT_TIMESTAMP, OPT_VLAN,
 };
 
 /// One direction of a TCP connection.
@@ -118,6 +118,15 @@ pub enum Observation {
 }
 
 impl Observation {
+    /// The flow, in the direction its segment travelled.
+    pub fn flow(&self) -> Flow {
+        match self {
+            Self::Segment(s) => s.flow,
+            Self::TcpProbe(p) => p.flow,
+            Self::Retransmit(r) => r.flow,
+        }
+    }
+
     pub fn ts_ns(&self) -> u64 {
         match self {
             Self::Segment(s) => s.ts_ns,
@@ -135,17 +144,60 @@ pub enum DecodeError {
     Short { kind: u8, len: usize },
 }
 
+/// The first bytes of a segment's frame, as XDP copied them while
+/// recording a pcapng trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frame<'a> {
+    pub data: &'a [u8],
+    /// The frame's whole length.
+    pub wire_len: u32,
+}
+
+/// A ring-buffer record as it came, with the frame bytes a captured
+/// segment carries: what an exporter keeps beside the [`Observation`].
+#[derive(Clone, Copy, Debug)]
+pub struct Raw<'a> {
+    pub record: &'a [u8],
+    pub frame: Option<Frame<'a>>,
+}
+
 /// Decodes one ring-buffer record.
 pub fn decode(record: &[u8]) -> Result<Observation, DecodeError> {
+    decode_with_frame(record).map(|(obs, _)| obs)
+}
+
+/// Decodes one ring-buffer record, and the frame bytes a captured
+/// segment's carries.
+pub fn decode_with_frame(record: &[u8]) -> Result<(Observation, Option<Frame<'_>>), DecodeError> {
     let &k = record.first().ok_or(DecodeError::Empty)?;
-    match k {
+    let obs = match k {
         kind::XDP_SEGMENT => read::<SegmentEvent>(record).map(|e| Observation::Segment(e.into())),
+        kind::XDP_CAPTURED => {
+            let e = read::<SegmentEvent>(record)?;
+            let short = DecodeError::Short {
+                kind: k,
+                len: record.len(),
+            };
+            let word = |at: usize| {
+                record
+                    .get(at..at + 4)
+                    .map(|b| u32::from_ne_bytes(b.try_into().expect("4 bytes")))
+            };
+            let at = size_of::<SegmentEvent>();
+            let (caplen, wire_len) = word(at).zip(word(at + 4)).ok_or(short)?;
+            let data = record
+                .get(CAPTURED_HEADER..CAPTURED_HEADER + caplen as usize)
+                .ok_or(short)?;
+            let frame = (caplen > 0).then_some(Frame { data, wire_len });
+            return Ok((Observation::Segment(e.into()), frame));
+        }
         kind::TCP_PROBE => read::<ProbeEvent>(record).map(|e| Observation::TcpProbe(e.into())),
         kind::RETRANSMIT => {
             read::<RetransmitEvent>(record).map(|e| Observation::Retransmit(e.into()))
         }
         other => Err(DecodeError::UnknownKind(other)),
-    }
+    }?;
+    Ok((obs, None))
 }
 
 /// Plain-data structs from tracer-common that any byte pattern is valid for.

@@ -1,0 +1,392 @@
+//! The pcapng trace (`--out FILE.pcapng`): what Wireshark and tshark open,
+//! and what `tracer analyze` reads back into the same report.
+//!
+//! * One section in this host's byte order, two interfaces: the traced one
+//!   (its name, nanosecond timestamps) and one for the kernel's TCP-layer
+//!   records.
+//! * Each segment an enhanced packet block: the frame's first bytes as XDP
+//!   copied them (the headers, or `--snaplen`), inbound, the RX queue in
+//!   `epb_queue` (tshark's `frame.interface_queue`), the CPU in a custom
+//!   option. Timestamps are the kernel's (CLOCK_MONOTONIC) moved onto the
+//!   wall clock; a custom option on the interface says by how much.
+//! * Each TCP-layer event (`tcp_probe`, local retransmissions) a packet on
+//!   the second interface: Wireshark's "exported PDU" link type, naming the
+//!   event in the protocol column, then the kernel's record as it came from
+//!   the ring buffer. (As packets, they have times: custom blocks, which
+//!   Wireshark lists as timeless frames, would break its time columns.)
+//! * An interface statistics block every second and at the end: frames
+//!   seen (`isb_ifrecv`), segments passed (`isb_filteraccept`), events the
+//!   kernel lost (`isb_osdrop`), packets written (`isb_usrdeliv`), and every
+//!   kernel counter in a custom option, so the file says what is missing.
+//!
+//! Custom options carry the Private Enterprise Number 32473 (RFC 5612's
+//! example number: this tool has none registered) and a four-byte tag
+//! naming what follows. Blocks are written whole and the file
+//! is flushed every second: after a crash it reads up to its last complete
+//! block, and the reader says where it ends.
+
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::{Path, PathBuf},
+};
+
+use anyhow::Result;
+
+use crate::{
+    kernel::Counters,
+    record::Sink,
+    source::{
+        capture::{block, custom, exported_pdu, linktype, opt, BYTE_ORDER, PCAPNG_SHB},
+        Frame, Observation, Raw,
+    },
+    SetupError,
+};
+use tracer_common::{counter, CAPTURE_MAX};
+
+/// The traced interface, as the file describes it.
+pub struct Interface<'a> {
+    pub name: &'a str,
+    /// Said in the interface's description (e.g. "veth-s in netns lab").
+    pub description: &'a str,
+    pub ifindex: u32,
+}
+
+pub struct PcapngWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+    /// Bytes handed to `out` (whole blocks).
+    written: u64,
+    packets: u64,
+    records: u64,
+    /// Wall clock minus CLOCK_MONOTONIC, ns: added to the kernel's times.
+    clock_offset: i64,
+    started_ns: u64,
+    block: Vec<u8>,
+    /// The first write error and the file length before it; nothing more is
+    /// written after it (tracing goes on).
+    failed: Option<(u64, std::io::Error)>,
+}
+
+impl PcapngWriter {
+    /// Creates (truncates) `path`, mode 0600, before anything is attached;
+    /// [`PcapngWriter::begin`] writes its headers once the interface is known.
+    pub fn create(path: &Path) -> Result<Self, SetupError> {
+        let file = crate::create_private(path)?;
+        let (wall, mono) = (
+            clock_ns(libc::CLOCK_REALTIME),
+            clock_ns(libc::CLOCK_MONOTONIC),
+        );
+        Ok(Self {
+            path: path.to_path_buf(),
+            out: BufWriter::with_capacity(1 << 20, file),
+            written: 0,
+            packets: 0,
+            records: 0,
+            clock_offset: wall as i64 - mono as i64,
+            started_ns: wall,
+            block: Vec::with_capacity(CAPTURE_MAX + 256),
+            failed: None,
+        })
+    }
+
+    /// The section and interface headers, and the clock's offset.
+    pub fn begin(&mut self, iface: &Interface) -> Result<()> {
+        let mut b = Blocks::new(PCAPNG_SHB);
+        b.u32(BYTE_ORDER);
+        b.u16(1);
+        b.u16(0);
+        b.u64(u64::MAX); // section length: not given
+        b.option_str(opt::COMMENT, COMMENT);
+        b.option_str(opt::SHB_OS, &os_name());
+        b.option_str(
+            opt::SHB_USERAPPL,
+            concat!("tracer ", env!("CARGO_PKG_VERSION")),
+        );
+        b.end_options();
+        self.put(b);
+
+        let mut meta = custom::PEN.to_ne_bytes().to_vec();
+        meta.extend(custom::META);
+        meta.extend(self.clock_offset.to_ne_bytes());
+        meta.extend(iface.ifindex.to_ne_bytes());
+        self.interface(linktype::ETHERNET, iface.name, iface.description, &meta);
+        let mut records = custom::PEN.to_ne_bytes().to_vec();
+        records.extend(custom::RECORD);
+        self.interface(
+            linktype::UPPER_PDU,
+            "tcp-layer",
+            "the kernel's TCP-layer events (tcp_probe, tcp_retransmit_skb) as tracer records, for `tracer analyze`",
+            &records,
+        );
+        self.flush_out();
+        self.check()
+    }
+
+    fn interface(&mut self, linktype: u32, name: &str, description: &str, ours: &[u8]) {
+        let mut b = Blocks::new(block::IDB);
+        b.u16(linktype as u16);
+        b.u16(0);
+        b.u32(CAPTURE_MAX as u32);
+        b.option_str(opt::IF_NAME, name);
+        b.option_str(opt::IF_DESCRIPTION, description);
+        b.option(opt::IF_TSRESOL, &[9]);
+        b.option(opt::CUSTOM_BINARY, ours);
+        b.end_options();
+        self.put(b);
+    }
+
+    /// Packets written, and TCP-layer records.
+    pub fn written(&self) -> (u64, u64) {
+        (self.packets, self.records)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What went wrong writing, if anything: one line for the summary.
+    pub fn failure(&self) -> Option<String> {
+        self.failed.as_ref().map(|(at, e)| {
+            format!(
+                "writing {} failed at byte {at}: {e}; the file holds the {} packets before it",
+                self.path.display(),
+                self.packets
+            )
+        })
+    }
+
+    fn packet(&mut self, s: &crate::source::Segment, frame: &Frame) {
+        let mut b = Blocks::reuse(block::EPB, std::mem::take(&mut self.block));
+        let ts = self.wall_ns(s.ts_ns);
+        b.u32(0);
+        b.u32((ts >> 32) as u32);
+        b.u32(ts as u32);
+        b.u32(frame.data.len() as u32);
+        b.u32(frame.wire_len);
+        b.bytes(frame.data);
+        b.pad();
+        b.option(opt::EPB_FLAGS, &EPB_INBOUND.to_ne_bytes());
+        b.option(opt::EPB_QUEUE, &s.rx_queue.to_ne_bytes());
+        let mut cpu = [0u8; 12];
+        cpu[..4].copy_from_slice(&custom::PEN.to_ne_bytes());
+        cpu[4..8].copy_from_slice(&custom::CPU);
+        cpu[8..].copy_from_slice(&s.cpu.to_ne_bytes());
+        b.option(opt::CUSTOM_BINARY, &cpu);
+        b.end_options();
+        self.block = self.put(b);
+        self.packets += 1;
+    }
+
+    /// A kernel record (a TCP-layer event, or a segment whose frame bytes
+    /// were not captured) as a packet on the records' interface.
+    fn record(&mut self, obs: &Observation, raw: &[u8]) {
+        let mut b = Blocks::reuse(block::EPB, std::mem::take(&mut self.block));
+        let ts = self.wall_ns(obs.ts_ns());
+        let name: &[u8] = match obs {
+            Observation::Segment(_) => b"xdp_segment",
+            Observation::TcpProbe(_) => b"tcp_probe",
+            Observation::Retransmit(_) => b"tcp_retransmit",
+        };
+        let pdu_len = exported_pdu::header_len(name) + raw.len();
+        b.u32(RECORDS_INTERFACE);
+        b.u32((ts >> 32) as u32);
+        b.u32(ts as u32);
+        b.u32(pdu_len as u32);
+        b.u32(pdu_len as u32);
+        exported_pdu::header(&mut b.0, name);
+        b.bytes(raw);
+        b.pad();
+        b.end_options();
+        self.block = self.put(b);
+        self.records += 1;
+    }
+
+    fn statistics(&mut self, c: &Counters) {
+        let mut b = Blocks::new(block::ISB);
+        let now = clock_ns(libc::CLOCK_REALTIME);
+        b.u32(0);
+        b.u32((now >> 32) as u32);
+        b.u32(now as u32);
+        let time = |t: u64| [((t >> 32) as u32).to_ne_bytes(), (t as u32).to_ne_bytes()].concat();
+        b.option(opt::ISB_STARTTIME, &time(self.started_ns));
+        b.option(opt::ISB_ENDTIME, &time(now));
+        b.option(opt::ISB_IFRECV, &c.get(counter::XDP_FRAMES).to_ne_bytes());
+        let accepted =
+            c.get(counter::XDP_TCP) - c.get(counter::XDP_FILTERED).min(c.get(counter::XDP_TCP));
+        b.option(opt::ISB_FILTERACCEPT, &accepted.to_ne_bytes());
+        b.option(opt::ISB_OSDROP, &c.dropped().to_ne_bytes());
+        b.option(opt::ISB_USRDELIV, &self.packets.to_ne_bytes());
+        b.option_str(
+            opt::COMMENT,
+            &format!(
+                "events the kernel lost: {} (ring buffer full {}, tracepoint runs missed {})",
+                c.dropped(),
+                c.ring_full(),
+                c.probe_lost() + c.rtx_lost()
+            ),
+        );
+        let mut words = custom::PEN.to_ne_bytes().to_vec();
+        words.extend(custom::COUNTERS);
+        for w in c.words() {
+            words.extend(w.to_ne_bytes());
+        }
+        b.option(opt::CUSTOM_BINARY, &words);
+        b.end_options();
+        self.put(b);
+    }
+
+    fn wall_ns(&self, mono_ns: u64) -> u64 {
+        (mono_ns as i64).saturating_add(self.clock_offset) as u64
+    }
+
+    /// Appends a finished block; gives its buffer back for reuse.
+    fn put(&mut self, b: Blocks) -> Vec<u8> {
+        let bytes = b.finish();
+        if self.failed.is_none() {
+            match self.out.write_all(&bytes) {
+                Ok(()) => self.written += bytes.len() as u64,
+                Err(e) => self.fail(e),
+            }
+        }
+        bytes
+    }
+
+    fn flush_out(&mut self) {
+        if self.failed.is_none() {
+            if let Err(e) = self.out.flush() {
+                self.fail(e);
+            }
+        }
+    }
+
+    fn fail(&mut self, e: std::io::Error) {
+        log::warn!(
+            "writing {} failed at byte {}: {e}; tracing goes on, the file keeps what was written",
+            self.path.display(),
+            self.written
+        );
+        self.failed = Some((self.written, e));
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.failure() {
+            Some(f) => Err(SetupError::BadOutput {
+                path: self.path.display().to_string(),
+                reason: f,
+            }
+            .into()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Sink for PcapngWriter {
+    fn observe(&mut self, obs: &Observation, raw: &Raw) {
+        if self.failed.is_some() {
+            return;
+        }
+        match (obs, &raw.frame) {
+            (Observation::Segment(s), Some(f)) => self.packet(s, f),
+            _ => self.record(obs, raw.record),
+        }
+    }
+
+    /// Statistics, then everything out to the file. A write error is kept
+    /// for the summary ([`PcapngWriter::failure`]), not raised: the run and
+    /// its report go on.
+    fn flush(&mut self, counters: &Counters) -> Result<()> {
+        if self.failed.is_none() {
+            self.statistics(counters);
+            self.flush_out();
+        }
+        Ok(())
+    }
+}
+
+const COMMENT: &str = "recorded by tracer: TCP segments received, tagged in the kernel by XDP \
+(interface 0): RX queue in epb_queue (frame.interface_queue), CPU in a custom option (PEN 32473); \
+the kernel's TCP-layer events on interface 1 (tcp_probe, retransmissions); kernel counters in \
+the statistics blocks";
+
+/// The interface the kernel records are written on.
+const RECORDS_INTERFACE: u32 = 1;
+
+/// `epb_flags`: direction inbound.
+const EPB_INBOUND: u32 = 0b01;
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn os_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| format!("Linux {}", r.trim()))
+        .unwrap_or_else(|_| "Linux".into())
+}
+
+/// One block being built: type, a length to fill in, body, options.
+struct Blocks(Vec<u8>);
+
+impl Blocks {
+    fn new(kind: u32) -> Self {
+        Self::reuse(kind, Vec::with_capacity(256))
+    }
+
+    fn reuse(kind: u32, mut buf: Vec<u8>) -> Self {
+        buf.clear();
+        buf.extend(kind.to_ne_bytes());
+        buf.extend(0u32.to_ne_bytes());
+        Self(buf)
+    }
+
+    fn u16(&mut self, v: u16) {
+        self.0.extend(v.to_ne_bytes());
+    }
+
+    fn u32(&mut self, v: u32) {
+        self.0.extend(v.to_ne_bytes());
+    }
+
+    fn u64(&mut self, v: u64) {
+        self.0.extend(v.to_ne_bytes());
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(b);
+    }
+
+    fn pad(&mut self) {
+        let n = self.0.len().next_multiple_of(4);
+        self.0.resize(n, 0);
+    }
+
+    fn option(&mut self, code: u16, value: &[u8]) {
+        self.u16(code);
+        self.u16(value.len() as u16);
+        self.bytes(value);
+        self.pad();
+    }
+
+    fn option_str(&mut self, code: u16, value: &str) {
+        self.option(code, value.as_bytes());
+    }
+
+    fn end_options(&mut self) {
+        self.option(opt::END, &[]);
+    }
+
+    /// The block with both its lengths.
+    fn finish(mut self) -> Vec<u8> {
+        let total = (self.0.len() + 4) as u32;
+        self.u32(total);
+        self.0[4..8].copy_from_slice(&total.to_ne_bytes());
+        self.0
+    }
+}
