@@ -58,7 +58,8 @@ const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// `bpftool` (an independent BTF reader in a unit test), `runuser` (the
 /// not-root test), `iptables` (drops that force retransmissions; the lab's
 /// NFQUEUE rule in pattern mode), `ethtool`, `tmux` (a terminal for the
-/// live view's end-to-end test) and `tcpdump` (captures for `analyze`'s).
+/// live view's end-to-end test), `tcpdump` (captures for `analyze`'s) and
+/// `tshark` (the independent reader of our pcapng traces).
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftool",
@@ -67,6 +68,7 @@ const APT_PACKAGES: &[&str] = &[
     "ethtool",
     "tmux",
     "tcpdump",
+    "tshark",
 ];
 
 fn main() -> ExitCode {

@@ -823,7 +823,7 @@ mod tests {
 
     /// An Ethernet + IPv4 + TCP frame: `seq`, 100 payload bytes (headers
     /// only captured), TSval `tsval`.
-    fn frame(seq: u32, tsval: u32) -> Vec<u8> {
+    pub(super) fn frame(seq: u32, tsval: u32) -> Vec<u8> {
         let mut f = vec![0u8; 14];
         f[12] = 0x08;
         let mut ip = vec![
@@ -1053,5 +1053,182 @@ mod tests {
             let (got, _) = read(&file[..cut]);
             assert!(got.len() <= 2);
         }
+    }
+}
+
+/// Our own traces: what [`crate::pcapng::PcapngWriter`] writes reads back
+/// as the stream it was given.
+#[cfg(test)]
+mod round_trip {
+    use super::*;
+    use crate::{
+        pcapng::{Interface, PcapngWriter},
+        record::Sink,
+        source::{Frame, Raw},
+    };
+    use tracer_common::{counter, kind, ProbeEvent};
+
+    fn bytes_of<T>(v: &T) -> Vec<u8> {
+        // SAFETY: reading the bytes of a repr(C) plain-data value.
+        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    }
+
+    /// A captured segment: the test frame parsed as XDP would, with the
+    /// kernel's fields set.
+    fn captured(seq: u32, ts_ns: u64, queue: u32, cpu: u32) -> (Observation, Vec<u8>) {
+        let mut f = tests_frame(seq);
+        f.truncate(14 + 20 + 32); // headers only
+        let mut e = SegmentEvent::default();
+        parse::parse_segment(&f[..], &mut e).unwrap();
+        (e.kind, e.ts_ns, e.rx_queue, e.cpu, e.ifindex) =
+            (kind::XDP_CAPTURED, ts_ns, queue, cpu, 7);
+        (Observation::Segment(e.into()), f)
+    }
+
+    fn tests_frame(seq: u32) -> Vec<u8> {
+        super::tests::frame(seq, 99)
+    }
+
+    fn write_trace(path: &std::path::Path) -> (Vec<Observation>, Counters) {
+        let mut w = PcapngWriter::create(path).unwrap();
+        w.begin(&Interface {
+            name: "veth0",
+            description: "veth0, XDP native, headers only",
+            ifindex: 7,
+        })
+        .unwrap();
+        let mut sent = Vec::new();
+        let mut counters = Counters::default();
+        for i in 0..50u32 {
+            let (obs, frame) = captured(
+                1000 + i * 100,
+                5_000_000 + u64::from(i) * 1000,
+                i % 4,
+                i % 2,
+            );
+            let wire = Frame {
+                data: &frame,
+                wire_len: frame.len() as u32 + 100,
+            };
+            w.observe(
+                &obs,
+                &Raw {
+                    record: &[],
+                    frame: Some(wire),
+                },
+            );
+            sent.push(obs);
+            if i % 10 == 3 {
+                // A TCP-layer record, as the ring gives it.
+                let p = ProbeEvent {
+                    kind: kind::TCP_PROBE,
+                    ts_ns: 5_000_500 + u64::from(i) * 1000,
+                    seq: 1000 + i * 100,
+                    end_seq: 1100 + i * 100,
+                    payload_len: 100,
+                    srtt_us: 800,
+                    ..Default::default()
+                };
+                let raw = bytes_of(&p);
+                let obs = crate::source::decode(&raw).unwrap();
+                w.observe(
+                    &obs,
+                    &Raw {
+                        record: &raw,
+                        frame: None,
+                    },
+                );
+                sent.push(obs);
+            }
+            if i % 20 == 0 {
+                counters.map[counter::XDP_FRAMES as usize] = u64::from(i) + 1;
+                counters.map[counter::XDP_DROPPED as usize] = u64::from(i / 20);
+                counters.probe_first_copy_misses = 3;
+                w.flush(&counters).unwrap();
+            }
+        }
+        w.flush(&counters).unwrap();
+        assert_eq!(w.written(), (50, 5));
+        (sent, counters)
+    }
+
+    fn items(bytes: &[u8]) -> (Vec<Item>, Option<CaptureError>) {
+        let mut r = CaptureReader::new(bytes).unwrap();
+        let mut out = Vec::new();
+        while let Some(item) = r.next_item() {
+            match item {
+                Ok(i) => out.push(i),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+
+    #[test]
+    fn our_trace_reads_back_as_the_recorded_stream() {
+        let path = std::env::temp_dir().join(format!("tracer-rt-{}.pcapng", std::process::id()));
+        // An existing file with looser permissions is made private too.
+        std::fs::write(&path, b"old").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (sent, counters) = write_trace(&path);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(mode, 0o600);
+
+        let (got, err) = items(&bytes);
+        assert_eq!(err, None);
+        let mut stream = Vec::new();
+        let mut last_counters = None;
+        for item in got {
+            match item {
+                Item::Packet(p) => {
+                    assert_eq!(p.data.len(), 66, "headers only");
+                    stream.push(Observation::Segment(segment(&p).unwrap()));
+                }
+                Item::Record(obs) => stream.push(obs),
+                Item::Counters(c) => last_counters = Some(c),
+                Item::Undecodable => panic!("undecodable record"),
+            }
+        }
+        // Every field: times back on the kernel's clock, queue, CPU, ifindex.
+        assert_eq!(stream, sent);
+        assert_eq!(last_counters, Some(counters));
+    }
+
+    #[test]
+    fn a_trace_cut_anywhere_reads_to_its_last_whole_block() {
+        let path = std::env::temp_dir().join(format!("tracer-cut-{}.pcapng", std::process::id()));
+        write_trace(&path);
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let (whole, _) = items(&bytes);
+        let section_header = u32::from_ne_bytes(bytes[4..8].try_into().unwrap()) as usize;
+        let mut last = 0;
+        for cut in (0..bytes.len()).step_by(7) {
+            let Ok(mut r) = CaptureReader::new(&bytes[..cut]) else {
+                assert!(cut < section_header, "the section header is whole at {cut}");
+                continue;
+            };
+            let mut n = 0;
+            let mut end = None;
+            while let Some(item) = r.next_item() {
+                match item {
+                    Ok(_) => n += 1,
+                    Err(e) => {
+                        end = Some(e);
+                        break;
+                    }
+                }
+            }
+            assert!(n >= last && n <= whole.len(), "cut {cut}: {n} items");
+            last = n;
+            if let Some(e) = end {
+                assert!(e.what.contains("ends inside"), "cut {cut}: {e}");
+                assert!(e.offset <= cut as u64);
+            }
+        }
+        assert!(last >= whole.len() - 1);
     }
 }

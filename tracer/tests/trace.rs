@@ -1,0 +1,322 @@
+//! `tracer record --out FILE.pcapng` during a lab upload (root; in CI),
+//! checked by tools that are not ours:
+//! * tshark reads the file without a word on stderr; its packets are the
+//!   segments the kernel counted; its `frame.interface_queue`,
+//!   `tcp.seq_raw` and `tcp.len` are, segment by segment, what the lab's
+//!   edge recorded sending each data segment on (its ground truth); its
+//!   `tcp.ack_raw` what the kernel's TCP layer took from the skbs.
+//! * `tracer analyze` on the file gives record's JSON report, every field.
+//! * A record killed by SIGKILL leaves nothing attached and a file that
+//!   reads up to its last whole block.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead, BufReader},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer::{
+    lab::{self, Lab, LabSpec},
+    source::{
+        capture::{CaptureReader, Item},
+        Observation,
+    },
+};
+
+mod common;
+use common::{root_or_skip, BIN};
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tracer-trace-{}-{name}", std::process::id()))
+}
+
+/// A lab network in ATR mode (its own upload not started) with `tracer
+/// record` attached to the server's interface; returns once it traces.
+fn lab_with_record(truth: Option<&Path>, out: &Path, flows: usize) -> (Lab, Child) {
+    let mut spec = LabSpec::new(
+        lab::Mode::Atr {
+            rate: 50.0,
+            qsize: 256,
+        },
+        4,
+    );
+    spec.flows = flows;
+    spec.bytes_per_flow = 192 << 20;
+    spec.timeout = Duration::from_secs(4);
+    spec.truth_out = truth.map(Path::to_path_buf);
+    let lab = Lab::create(&spec).expect("lab");
+    let mut record = Command::new(BIN)
+        .args(["record", "--json", "--quiet", "--iface", lab::SERVER_IF])
+        .args(["--netns", &lab.topo.server_ns])
+        .arg("--out")
+        .arg(out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tracer record");
+    // Its first line says it is attached; the rest is kept for failures.
+    let stderr = record.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("tracer record said nothing");
+    assert!(line.contains("tracing TCP received on"), "{line}");
+    (lab, record)
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+fn upload(lab: &mut Lab) -> lab::LabOutcome {
+    lab.start_upload().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !lab.finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.finish().unwrap()
+}
+
+/// tshark's fields of every frame on interface 0 (the segments), and
+/// everything it said on stderr but its warning about running as root.
+fn tshark(file: &Path, fields: &[&str]) -> (Vec<Vec<String>>, Vec<String>) {
+    let mut cmd = Command::new("tshark");
+    cmd.arg("-r")
+        .arg(file)
+        .args(["-n", "-T", "fields", "-E", "separator=,"]);
+    cmd.args(["-Y", "frame.interface_id == 0"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd
+        .output()
+        .expect("tshark (apt package tshark: cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.contains("Running as user \"root\""))
+        .map(str::to_string)
+        .collect();
+    let rows = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    (rows, said)
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// The client port of a flow's "addr:port" source.
+fn port(src: &Value) -> u16 {
+    src.as_str()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_report() {
+    if !root_or_skip("a_recorded_trace_is_what_tshark_and_the_lab_saw") {
+        return;
+    }
+    let (file, truth) = (temp("lab.pcapng"), temp("truth.jsonl"));
+    let (mut lab, record) = lab_with_record(Some(&truth), &file, 2);
+    let outcome = upload(&mut lab);
+    signal(&record, libc::SIGINT);
+    let out = record.wait_with_output().unwrap();
+    drop(lab);
+    assert_eq!(out.status.code(), Some(0), "tracer record failed");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "traces reveal addresses: owner only");
+
+    // tshark: silent, and one frame per segment the kernel emitted.
+    let fields = [
+        "frame.interface_queue",
+        "tcp.srcport",
+        "tcp.seq_raw",
+        "tcp.ack_raw",
+        "tcp.len",
+    ];
+    let (rows, said) = tshark(&file, &fields);
+    assert!(said.is_empty(), "tshark said: {said:?}");
+    let kernel = &report["kernel"];
+    assert_eq!(rows.len() as u64, u(&kernel["xdp_events"]));
+    assert_eq!(rows.len() as u64, u(&report["totals"]["segments"]));
+    assert_eq!(u(&kernel["xdp_capture_failed"]), 0);
+
+    // Per flow and queue, tshark's count is the report's.
+    let mut by_queue: BTreeMap<(u16, u32), u64> = BTreeMap::new();
+    for r in &rows {
+        *by_queue
+            .entry((r[1].parse().unwrap(), r[0].parse().unwrap()))
+            .or_default() += 1;
+    }
+    let mut reported: BTreeMap<(u16, u32), u64> = BTreeMap::new();
+    for f in report["flows"].as_array().unwrap() {
+        for p in f["paths"].as_array().unwrap() {
+            *reported
+                .entry((port(&f["src"]), u(&p["queue"]) as u32))
+                .or_default() += u(&p["segments"]);
+        }
+    }
+    assert_eq!(by_queue, reported);
+
+    // Segment by segment, against the edge's record of what it sent on
+    // which queue: data segments as (client port, seq, length, queue).
+    let mut wire: BTreeMap<(u16, u32, u32, u32), i64> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r[4] != "0") {
+        let key = (
+            r[1].parse().unwrap(),
+            r[2].parse().unwrap(),
+            r[4].parse().unwrap(),
+            r[0].parse().unwrap(),
+        );
+        *wire.entry(key).or_default() += 1;
+    }
+    let mut sent: BTreeMap<(u16, u32, u32, u32), i64> = BTreeMap::new();
+    for line in std::fs::read_to_string(&truth).unwrap().lines() {
+        let t: Value = serde_json::from_str(line).unwrap();
+        if t["kind"] == "segment" {
+            let key = (
+                u(&t["client_port"]) as u16,
+                u(&t["seq"]) as u32,
+                u(&t["payload_len"]) as u32,
+                u(&t["queue"]) as u32,
+            );
+            *sent.entry(key).or_default() += 1;
+        }
+    }
+    let data: i64 = wire.values().sum();
+    let mut missing = 0i64;
+    for (key, n) in &sent {
+        let got = wire.get(key).copied().unwrap_or(0);
+        assert!(got <= *n, "{key:?}: {got} on the wire, the edge sent {n}");
+        missing += n - got;
+    }
+    let extra: i64 = wire
+        .iter()
+        .filter(|(k, _)| !sent.contains_key(k))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!(
+        "data segments: tshark {data}, edge {}, sent but not received {missing}, received but not sent {extra}; lab edge lost {} truth events",
+        sent.values().sum::<i64>(),
+        outcome.edge.counters.get("truth_dropped").copied().unwrap_or(0)
+    );
+    assert_eq!(extra, 0, "segments the edge never sent");
+    assert!(data > 100_000, "{data} data segments");
+    // What left the edge and never reached XDP: dropped on the way in
+    // (veth ring full), retransmitted by the sender.
+    assert!(
+        (missing as f64) < 0.01 * data as f64,
+        "{missing} segments missing"
+    );
+
+    // Acknowledgment numbers: what the kernel's TCP layer read from the
+    // skbs (tcp_probe records, in the file's second interface).
+    let mut acks_tcp: BTreeSet<(u16, u32)> = BTreeSet::new();
+    let mut reader =
+        CaptureReader::new(BufReader::new(std::fs::File::open(&file).unwrap())).unwrap();
+    while let Some(item) = reader.next_item() {
+        if let Item::Record(Observation::TcpProbe(p)) = item.unwrap() {
+            if p.payload_len > 0 {
+                acks_tcp.insert((p.flow.src.port(), p.ack));
+            }
+        }
+    }
+    let acks_wire: BTreeSet<(u16, u32)> = rows
+        .iter()
+        .filter(|r| r[4] != "0")
+        .map(|r| (r[1].parse().unwrap(), r[3].parse().unwrap()))
+        .collect();
+    assert!(!acks_tcp.is_empty());
+    assert_eq!(acks_wire, acks_tcp);
+
+    // The round trip: analyze's JSON is record's.
+    let analyzed = Command::new(BIN)
+        .args(["analyze", "--json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        analyzed.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&analyzed.stderr)
+    );
+    let again: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
+    assert!(u(&report["totals"]["reordered"]) > 1000);
+    assert_eq!(again, report, "analyze gives record's report");
+    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_file(&truth);
+    assert!(lab::lab_namespaces().is_empty());
+}
+
+#[test]
+fn a_killed_record_leaves_nothing_attached_and_a_readable_trace() {
+    if !root_or_skip("a_killed_record_leaves_nothing_attached_and_a_readable_trace") {
+        return;
+    }
+    let file = temp("killed.pcapng");
+    let (mut lab, mut record) = lab_with_record(None, &file, 1);
+    lab.start_upload().unwrap();
+    // Two flushes in, mid-upload.
+    std::thread::sleep(Duration::from_millis(2500));
+    signal(&record, libc::SIGKILL);
+    record.wait().unwrap();
+    let xdp = lab::ip(&[
+        "-n",
+        &lab.topo.server_ns,
+        "link",
+        "show",
+        "dev",
+        lab::SERVER_IF,
+    ])
+    .unwrap();
+    let outcome = lab.finish();
+    drop(lab);
+    assert!(!xdp.contains("xdp"), "still attached: {xdp}");
+    outcome.unwrap();
+    let analyzed = Command::new(BIN)
+        .args(["analyze", "--json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&analyzed.stderr);
+    let _ = std::fs::remove_file(&file);
+    // Whole blocks up to the last flush, and maybe part of one after.
+    match analyzed.status.code() {
+        Some(0) => {}
+        Some(1) => assert!(stderr.contains("the file ends inside"), "{stderr}"),
+        other => panic!("analyze exited {other:?}: {stderr}"),
+    }
+    let report: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
+    let segments = u(&report["totals"]["data_segments"]);
+    eprintln!("killed after 2.5 s: {segments} data segments readable");
+    assert!(segments > 10_000, "{segments}");
+    assert!(
+        report["kernel"].is_object(),
+        "the statistics written so far"
+    );
+}
