@@ -14,6 +14,7 @@ pub mod jsonl;
 pub mod kernel;
 pub mod lab;
 pub mod pcapng;
+pub mod plot;
 pub mod record;
 pub mod replay;
 pub mod report;

@@ -15,6 +15,7 @@ use tracer::{
     kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
     pcapng::{self, PcapngWriter},
+    plot::{ColorBy, Plot},
     record::{self, Outcome, RecordOptions, Sink, StopReason},
     report,
     snapshot::Snapshot,
@@ -203,6 +204,13 @@ struct AnalyzeArgs {
     /// (as `record --filter`).
     #[arg(long, value_name = "EXPR")]
     flow: Option<String>,
+    /// Draw the most reordered flows' time-sequence graphs and the
+    /// histograms of extent and late time into OUT.svg.
+    #[arg(long, value_name = "OUT.svg")]
+    plot: Option<PathBuf>,
+    /// What the plot's colours say: the segments' RX queue or CPU.
+    #[arg(long, value_enum, default_value_t = ColorBy::Queue)]
+    plot_color: ColorBy,
     #[command(flatten)]
     report: ReportArgs,
 }
@@ -654,10 +662,20 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     });
     let reader = capture::CaptureReader::new(std::io::BufReader::with_capacity(1 << 20, file))
         .map_err(|e| SetupError::BadArgument(format!("{path} {e}")))?;
+    // Writable before the work, not after.
+    if let Some(out) = &args.plot {
+        tracer::create_private(out)?;
+    }
+    let mut plot = args.plot.as_ref().map(|_| Plot::default());
     let summary = capture::feed(
         reader,
         &mut engine,
         |f| filter.matches((f.src.ip(), f.src.port()), (f.dst.ip(), f.dst.port())),
+        |s, c| {
+            if let Some(p) = plot.as_mut() {
+                p.segment(s, c);
+            }
+        },
         |at| {
             if let Some(b) = &bar {
                 b.set_position(at);
@@ -717,6 +735,10 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
         if !summary.queues {
             println!("  note       no RX queue or CPU in this capture (tcpdump's have none): reordering and replay hold, but queue/CPU attribution and the verdicts need a tagged capture");
         }
+    }
+    if let (Some(p), Some(out)) = (&plot, &args.plot) {
+        p.write(&snapshot, args.plot_color, out)?;
+        eprintln!("plotted {}", out.display());
     }
     match summary.error {
         // What came before the damage is reported above.

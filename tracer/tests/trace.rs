@@ -268,6 +268,38 @@ fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_repo
     let again: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
     assert!(u(&report["totals"]["reordered"]) > 1000);
     assert_eq!(again, report, "analyze gives record's report");
+
+    // The plot marks every late original and retransmission the report
+    // counts, and its migrations.
+    let svg = temp("lab.svg");
+    let plotted = Command::new(BIN)
+        .args(["analyze", "--plot"])
+        .arg(&svg)
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(plotted.status.code(), Some(0));
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    for f in report["flows"].as_array().unwrap() {
+        let (src, dst) = (f["src"].as_str().unwrap(), f["dst"].as_str().unwrap());
+        let mut texts = vec![
+            format!("{src} -&gt; {dst}: nic-steering"),
+            format!("{} queue migrations", f["queue_migrations"]),
+        ];
+        // (A class with no segment has no legend entry.)
+        for (key, label) in [
+            ("reordered", "late original (reordered)"),
+            ("retransmissions", "retransmission"),
+        ] {
+            if u(&f[key]) > 0 {
+                texts.push(format!("{label} ({})", f[key]));
+            }
+        }
+        for text in texts {
+            assert!(drawn.contains(&text), "the plot lacks {text}");
+        }
+    }
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&truth);
     assert!(lab::lab_namespaces().is_empty());

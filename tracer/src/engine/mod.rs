@@ -119,6 +119,9 @@ pub struct Classified {
     pub class: Class,
     pub late: Option<Late>,
     pub attribution: Option<Attribution>,
+    /// This in-order segment moved the flow to another RX queue (the
+    /// report's queue migrations).
+    pub queue_migration: bool,
 }
 
 /// A lazily created distribution (flows without reordering allocate none):
@@ -837,8 +840,9 @@ fn wire_update(
     // Migrations: the flow's queue and CPU are those of its latest
     // in-order segment; stragglers arriving late on the old queue do not
     // move it back.
+    let queue_migration = out.class == Class::InOrder && s.rx_queue != w.queue;
     if out.class == Class::InOrder {
-        if s.rx_queue != w.queue {
+        if queue_migration {
             m.queue_migrations += 1;
             w.previous_queue = Some(w.queue);
             w.queue = s.rx_queue;
@@ -953,6 +957,7 @@ fn wire_update(
         class: out.class,
         late: out.late,
         attribution,
+        queue_migration,
     }
 }
 

@@ -756,12 +756,14 @@ pub struct CaptureSummary {
 }
 
 /// Feeds every TCP segment of `reader` (and our traces' kernel records)
-/// whose flow `keep` passes to `engine`, in file order; `progress` hears
-/// the bytes read every 65,536 items.
+/// whose flow `keep` passes to `engine`, in file order; `classified` hears
+/// each segment with the engine's verdict on it, `progress` the bytes read
+/// every 65,536 items.
 pub fn feed<R: Read>(
     mut reader: CaptureReader<R>,
     engine: &mut crate::engine::Engine,
     keep: impl Fn(&Flow) -> bool,
+    mut classified: impl FnMut(&Segment, &crate::engine::Classified),
     mut progress: impl FnMut(u64),
 ) -> CaptureSummary {
     let mut s = CaptureSummary::default();
@@ -780,7 +782,9 @@ pub fn feed<R: Read>(
                 } else {
                     s.records += 1;
                     s.tcp += u64::from(segment);
-                    engine.observe_obs(&obs);
+                    if let (Some(c), Observation::Segment(seg)) = (engine.observe_obs(&obs), &obs) {
+                        classified(seg, &c);
+                    }
                 }
                 continue;
             }
@@ -807,7 +811,9 @@ pub fn feed<R: Read>(
             Ok(seg) if !keep(&seg.flow) => s.filtered += 1,
             Ok(seg) => {
                 s.tcp += 1;
-                engine.segment(&seg);
+                if let Some(c) = engine.segment(&seg) {
+                    classified(&seg, &c);
+                }
             }
             Err(Skip::NotTcp) => s.non_tcp += 1,
             Err(Skip::Truncated) => s.truncated += 1,
