@@ -84,6 +84,39 @@ fn bad_input_gets_one_line_and_exit_2() {
             "lo has no native XDP support",
         ),
         (&["lab", "--bytes", "lots"], "not a size"),
+        (
+            &["record", "--iface", "lo", "--out", "/tmp/t.pcap"],
+            "name the file FILE.pcapng",
+        ),
+        (
+            &["record", "--iface", "lo", "--snaplen", "100"],
+            "--snaplen applies to a pcapng trace",
+        ),
+        (
+            &[
+                "record",
+                "--iface",
+                "lo",
+                "--out",
+                "/tmp/t.pcapng",
+                "--snaplen",
+                "0",
+            ],
+            "--snaplen 0: give 1 to 4096",
+        ),
+        (
+            &["record", "--iface", "lo", "--out", "/nonexistent/t.pcapng"],
+            "cannot write output file '/nonexistent/t.pcapng'",
+        ),
+        (
+            &[
+                "analyze",
+                "../fuzz/seeds/lab-tracer.pcapng",
+                "--plot",
+                "/nonexistent/p.svg",
+            ],
+            "cannot write output file '/nonexistent/p.svg'",
+        ),
     ];
     for (args, needle) in cases {
         let out = run(args);
