@@ -17,7 +17,6 @@ use std::{
     fs::File,
     io::{BufWriter, Write},
     os::fd::AsRawFd,
-    os::unix::fs::OpenOptionsExt,
     path::Path,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -305,16 +304,7 @@ struct TruthFile {
 impl TruthFile {
     fn create(path: Option<&Path>) -> Result<Self, SetupError> {
         let out = path
-            .map(|p| {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .mode(0o600)
-                    .open(p)
-                    .map(BufWriter::new)
-                    .map_err(|e| SetupError::BadArgument(format!("--truth {}: {e}", p.display())))
-            })
+            .map(|p| crate::create_private(p).map(BufWriter::new))
             .transpose()?;
         Ok(Self { out, error: None })
     }
