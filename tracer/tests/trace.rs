@@ -239,9 +239,11 @@ fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_repo
     let mut reader =
         CaptureReader::new(BufReader::new(std::fs::File::open(&file).unwrap())).unwrap();
     while let Some(item) = reader.next_item() {
-        if let Item::Record(Observation::TcpProbe(p)) = item.unwrap() {
-            if p.payload_len > 0 {
-                acks_tcp.insert((p.flow.src.port(), p.ack));
+        if let Item::Record(obs) = item.unwrap() {
+            if let Observation::TcpProbe(p) = *obs {
+                if p.payload_len > 0 {
+                    acks_tcp.insert((p.flow.src.port(), p.ack));
+                }
             }
         }
     }

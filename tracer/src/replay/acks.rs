@@ -255,8 +255,11 @@ struct Sim<'a> {
     min_rtt: u64,
     rcv_nxt: u64,
     highest: u64,
-    /// Delivered ranges above `rcv_nxt` (start -> end).
+    /// Delivered ranges above `rcv_nxt` (start -> end), and their
+    /// segments (each range's bytes over the MSS, rounded up), kept as
+    /// they change: loss detection asks on every arrival.
     sacked: BTreeMap<u64, u64>,
+    sacked_segments: u64,
     pieces: BTreeMap<u64, Piece>,
     /// Pieces a replayed retransmission delivered (seq -> end, episode):
     /// their originals, when they come, are duplicates (DSACKed).
@@ -439,6 +442,7 @@ pub fn run<'a>(
         rcv_nxt: first.start,
         highest: first.start,
         sacked: BTreeMap::new(),
+        sacked_segments: 0,
         pieces: BTreeMap::new(),
         by_rtx: BTreeMap::new(),
         history: Vec::new(),
@@ -728,14 +732,18 @@ impl Sim<'_> {
         if start <= self.rcv_nxt {
             self.rcv_nxt = self.rcv_nxt.max(end);
         } else {
-            let e = self.sacked.entry(start).or_insert(end);
+            let mss = self.mss;
+            let e = self.sacked.entry(start).or_insert(start);
+            let before = (*e - start).div_ceil(mss);
             *e = (*e).max(end);
+            self.sacked_segments += (*e - start).div_ceil(mss) - before;
         }
         while let Some((&s, &e)) = self.sacked.first_key_value() {
             if s > self.rcv_nxt {
                 break;
             }
             self.sacked.pop_first();
+            self.sacked_segments -= (e - s).div_ceil(self.mss);
             self.rcv_nxt = self.rcv_nxt.max(e);
         }
     }
@@ -778,10 +786,14 @@ impl Sim<'_> {
 
     /// Segments SACKed above the cumulative point.
     fn sacked_segments(&self) -> u64 {
-        self.sacked
-            .iter()
-            .map(|(s, e)| (e - s).div_ceil(self.mss))
-            .sum()
+        debug_assert_eq!(
+            self.sacked_segments,
+            self.sacked
+                .iter()
+                .map(|(s, e)| (e - s).div_ceil(self.mss))
+                .sum::<u64>()
+        );
+        self.sacked_segments
     }
 
     /// RFC 6675 IsLost over the outstanding pieces, highest first: lost

@@ -193,11 +193,12 @@ enum Kind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {
     Packet(Packet),
-    /// A kernel record from our trace's custom blocks (TCP-layer events;
-    /// segments whose frame bytes were not captured).
-    Record(Observation),
+    /// A kernel record from our trace's records interface (TCP-layer
+    /// events; segments whose frame bytes were not captured). Boxed, as is
+    /// the next: packets, by far the most items, move small.
+    Record(Box<Observation>),
     /// The kernel's counters at that point (our statistics blocks).
-    Counters(Counters),
+    Counters(Box<Counters>),
     /// One of our records that did not decode (another version's, or a
     /// section in a foreign byte order).
     Undecodable,
@@ -261,10 +262,12 @@ impl<R: Read> CaptureReader<R> {
     }
 
     fn bytes(&mut self, n: usize, what: &str) -> Result<Vec<u8>, CaptureError> {
-        let mut buf = vec![0u8; n];
-        self.input
-            .read_exact(&mut buf)
-            .map_err(|_| truncated(self.offset, what))?;
+        // Read into fresh capacity (no zeroing first); short means cut.
+        let mut buf = Vec::with_capacity(n);
+        match (&mut self.input).take(n as u64).read_to_end(&mut buf) {
+            Ok(got) if got == n => {}
+            _ => return Err(truncated(self.offset, what)),
+        }
         self.offset += n as u64;
         Ok(buf)
     }
@@ -454,18 +457,23 @@ impl<R: Read> CaptureReader<R> {
 
     /// A block's body (its type was read), trailing length checked.
     fn block_body(&mut self, at: u64) -> Result<Vec<u8>, CaptureError> {
-        let len = self.bytes(4, "a block header")?;
+        let mut len = [0u8; 4];
+        self.input
+            .read_exact(&mut len)
+            .map_err(|_| truncated(self.offset, "a block header"))?;
+        self.offset += 4;
         let total = self.u32_at(&len, 0);
         self.check_block(at, total)?;
-        let rest = self.bytes(total as usize - 8, "a block")?;
-        let (body, trailer) = rest.split_at(rest.len() - 4);
-        if self.u32_at(trailer, 0) != total {
+        let mut body = self.bytes(total as usize - 8, "a block")?;
+        let trailer = body.len() - 4;
+        if self.u32_at(&body, trailer) != total {
             return Err(CaptureError {
                 offset: at + u64::from(total) - 4,
                 what: "pcapng block's trailing length differs from its leading one".into(),
             });
         }
-        Ok(body.to_vec())
+        body.truncate(trailer);
+        Ok(body)
     }
 
     fn pcapng_block(
@@ -610,7 +618,8 @@ impl<R: Read> CaptureReader<R> {
                         .map(|i| self.u64_at(words, i * 8))
                         .collect();
                     return Ok(Some(
-                        Counters::from_words(&words).map_or(Item::Undecodable, Item::Counters),
+                        Counters::from_words(&words)
+                            .map_or(Item::Undecodable, |c| Item::Counters(Box::new(c))),
                     ));
                 }
                 Ok(None)
@@ -628,7 +637,7 @@ impl<R: Read> CaptureReader<R> {
         }
         exported_pdu::payload(pdu)
             .and_then(|r| super::decode(r).ok())
-            .map_or(Item::Undecodable, Item::Record)
+            .map_or(Item::Undecodable, |r| Item::Record(Box::new(r)))
     }
 
     fn interface(&self, id: u32, at: u64) -> Result<&Interface, CaptureError> {
@@ -699,17 +708,18 @@ pub fn segment(p: &Packet) -> Result<Segment, Skip> {
     Ok(e.into())
 }
 
-/// The packet as an Ethernet frame (what the parser reads).
-fn ethernet_frame(p: &Packet) -> Result<Vec<u8>, Skip> {
+/// The packet as an Ethernet frame (what the parser reads): itself, or
+/// its IP packet behind a made-up Ethernet header.
+fn ethernet_frame(p: &Packet) -> Result<std::borrow::Cow<'_, [u8]>, Skip> {
     let with_ethertype = |ethertype: u16, payload: &[u8]| {
         let mut f = vec![0u8; 14];
         f[12..14].copy_from_slice(&ethertype.to_be_bytes());
         f.extend_from_slice(payload);
-        f
+        f.into()
     };
     let d = &p.data;
     match p.linktype {
-        linktype::ETHERNET => Ok(d.clone()),
+        linktype::ETHERNET => Ok(d[..].into()),
         linktype::RAW | linktype::RAW_ALT | linktype::IPV4 | linktype::IPV6 => {
             let ethertype = match d.first().map(|b| b >> 4) {
                 Some(4) => 0x0800,
@@ -776,6 +786,7 @@ pub fn feed<R: Read>(
         let p = match item {
             Ok(Item::Packet(p)) => p,
             Ok(Item::Record(obs)) => {
+                let obs = *obs;
                 let segment = matches!(obs, Observation::Segment(_));
                 if !keep(&obs.flow()) {
                     s.filtered += u64::from(segment);
@@ -789,7 +800,7 @@ pub fn feed<R: Read>(
                 continue;
             }
             Ok(Item::Counters(c)) => {
-                s.kernel = Some(c);
+                s.kernel = Some(*c);
                 continue;
             }
             Ok(Item::Undecodable) => {
@@ -1193,8 +1204,8 @@ mod round_trip {
                     assert_eq!(p.data.len(), 66, "headers only");
                     stream.push(Observation::Segment(segment(&p).unwrap()));
                 }
-                Item::Record(obs) => stream.push(obs),
-                Item::Counters(c) => last_counters = Some(c),
+                Item::Record(obs) => stream.push(*obs),
+                Item::Counters(c) => last_counters = Some(*c),
                 Item::Undecodable => panic!("undecodable record"),
             }
         }
