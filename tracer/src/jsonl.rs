@@ -14,7 +14,6 @@ use crate::{
     kernel::Counters,
     record::Sink,
     source::{Observation, Raw},
-    SetupError,
 };
 
 pub struct JsonLines {
@@ -26,15 +25,14 @@ pub struct JsonLines {
 }
 
 impl JsonLines {
-    /// Creates (truncates) `path` with mode 0600: traces reveal addresses.
-    pub fn create(path: &Path) -> Result<Self, SetupError> {
-        let file = crate::create_private(path)?;
-        Ok(Self {
+    /// Writes into `file` (an [`crate::output::OutputFile`] started).
+    pub fn new(path: &Path, file: File) -> Self {
+        Self {
             path: path.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, file),
             written: 0,
             failed: None,
-        })
+        }
     }
 
     pub fn written(&self) -> u64 {

@@ -13,6 +13,7 @@ pub mod filter;
 pub mod jsonl;
 pub mod kernel;
 pub mod lab;
+pub mod output;
 pub mod pcapng;
 pub mod plot;
 pub mod record;
@@ -24,26 +25,6 @@ pub mod tui;
 
 pub use error::{require_root, SetupError};
 pub use filter::Filter;
-
-/// Creates (truncates) an output file readable by its owner only (mode
-/// 0600, also when it existed): traces reveal addresses and ports.
-pub fn create_private(path: &std::path::Path) -> Result<std::fs::File, SetupError> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let bad = |e: std::io::Error| SetupError::BadOutput {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    };
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(bad)?;
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(bad)?;
-    Ok(file)
-}
 
 /// The compiled eBPF object, built by build.rs.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));

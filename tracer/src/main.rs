@@ -14,6 +14,7 @@ use tracer::{
     jsonl::JsonLines,
     kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
+    output::OutputFile,
     pcapng::{self, PcapngWriter},
     plot::{ColorBy, Plot},
     record::{self, Outcome, RecordOptions, Sink, StopReason},
@@ -348,15 +349,17 @@ fn main() -> ExitCode {
     }
 }
 
-/// `--out`: the trace file, by its extension.
+/// `--out`: the trace file, by its extension. Opened before anything is
+/// attached; written from when the tracer is.
 enum Output {
     None,
+    Pending { file: OutputFile, pcapng: bool },
     Jsonl(JsonLines),
     Pcapng(PcapngWriter),
 }
 
 impl Output {
-    /// Opens it before anything is attached, so bad paths fail early.
+    /// Opens it (not yet truncated), so that bad paths fail first.
     fn open(trace: &TraceArgs) -> Result<Self> {
         let Some(path) = trace.out.as_deref() else {
             if trace.snaplen.is_some() {
@@ -367,62 +370,85 @@ impl Output {
             }
             return Ok(Self::None);
         };
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
-        match ext {
-            "pcapng" => {
-                if let Some(n) = trace.snaplen.filter(|n| !(1..=CAPTURE_MAX as u32).contains(n)) {
-                    return Err(SetupError::BadArgument(format!(
-                        "--snaplen {n}: give 1 to {CAPTURE_MAX} bytes"
-                    ))
-                    .into());
-                }
-                Ok(Self::Pcapng(PcapngWriter::create(path)?))
+        let pcapng = match path.extension().and_then(|e| e.to_str()).unwrap_or("") {
+            "pcapng" => true,
+            "jsonl" => false,
+            _ => {
+                return Err(SetupError::BadArgument(format!(
+                    "--out {}: name the file FILE.pcapng (a trace for Wireshark and `tracer analyze`) or FILE.jsonl (JSON lines)",
+                    path.display()
+                ))
+                .into())
             }
-            "jsonl" if trace.snaplen.is_some() => Err(SetupError::BadArgument(
-                "--snaplen applies to a pcapng trace, not JSON lines".into(),
-            )
-            .into()),
-            "jsonl" => Ok(Self::Jsonl(JsonLines::create(path)?)),
-            _ => Err(SetupError::BadArgument(format!(
-                "--out {}: name the file FILE.pcapng (a trace for Wireshark and `tracer analyze`) or FILE.jsonl (JSON lines)",
-                path.display()
-            ))
-            .into()),
+        };
+        match trace.snaplen {
+            Some(_) if !pcapng => {
+                return Err(SetupError::BadArgument(
+                    "--snaplen applies to a pcapng trace, not JSON lines".into(),
+                )
+                .into())
+            }
+            Some(n) if !(1..=CAPTURE_MAX as u32).contains(&n) => {
+                return Err(SetupError::BadArgument(format!(
+                    "--snaplen {n}: give 1 to {CAPTURE_MAX} bytes"
+                ))
+                .into())
+            }
+            _ => {}
         }
+        Ok(Self::Pending {
+            file: OutputFile::open(path)?,
+            pcapng,
+        })
     }
 
     /// What XDP copies of each frame ([`TracerOptions::snaplen`]).
     fn snaplen(&self, trace: &TraceArgs) -> u32 {
         match self {
             // At least the headers: 1 byte asks for exactly them.
-            Self::Pcapng(_) => trace.snaplen.unwrap_or(1),
+            Self::Pending { pcapng: true, .. } => trace.snaplen.unwrap_or(1),
             _ => 0,
         }
     }
 
-    /// Once attached: the pcapng headers, naming the traced interface.
+    /// Once attached: the file is emptied and the writer starts (pcapng:
+    /// its headers, naming the traced interface).
     fn begin(&mut self, tracer: &Tracer, trace: &TraceArgs) -> Result<()> {
-        if let Self::Pcapng(w) = self {
-            let keeps = match trace.snaplen {
-                Some(n) => format!("the first {n} bytes of each frame (at least its headers)"),
-                None => "headers only".into(),
-            };
-            w.begin(&pcapng::Interface {
-                name: &tracer.iface,
-                description: &format!(
-                    "{}, XDP {}, {keeps}",
-                    traced_on(&tracer.iface, tracer.netns.as_deref()),
-                    tracer.mode
-                ),
-                ifindex: tracer.ifindex,
-            })?;
+        let Self::Pending { .. } = self else {
+            return Ok(());
+        };
+        let Self::Pending { file, pcapng } = std::mem::replace(self, Self::None) else {
+            unreachable!("pending");
+        };
+        let path = file.path().to_path_buf();
+        let started = file.start().map_err(|e| SetupError::BadOutput {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        if !pcapng {
+            *self = Self::Jsonl(JsonLines::new(&path, started));
+            return Ok(());
         }
+        let keeps = match trace.snaplen {
+            Some(n) => format!("the first {n} bytes of each frame (at least its headers)"),
+            None => "headers only".into(),
+        };
+        let iface = pcapng::Interface {
+            name: &tracer.iface,
+            description: &format!(
+                "{}, XDP {}, {keeps}",
+                traced_on(&tracer.iface, tracer.netns.as_deref()),
+                tracer.mode
+            ),
+            ifindex: tracer.ifindex,
+        };
+        *self = Self::Pcapng(PcapngWriter::create(&path, started, &iface)?);
         Ok(())
     }
 
     fn sink(&mut self) -> Option<&mut dyn Sink> {
         match self {
-            Self::None => None,
+            Self::None | Self::Pending { .. } => None,
             Self::Jsonl(j) => Some(j),
             Self::Pcapng(p) => Some(p),
         }
@@ -615,7 +641,7 @@ fn finish(outcome: &Outcome, out: &Output, json: bool) -> Result<ExitCode> {
         ));
     }
     match out {
-        Output::None => {}
+        Output::None | Output::Pending { .. } => {}
         Output::Jsonl(j) => say(format!(
             "  wrote      {} observations (JSON lines)",
             j.written()
@@ -663,9 +689,7 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     let reader = capture::CaptureReader::new(std::io::BufReader::with_capacity(1 << 20, file))
         .map_err(|e| SetupError::BadArgument(format!("{path} {e}")))?;
     // Writable before the work, not after.
-    if let Some(out) = &args.plot {
-        tracer::create_private(out)?;
-    }
+    let plot_file = args.plot.as_deref().map(OutputFile::open).transpose()?;
     let mut plot = args.plot.as_ref().map(|_| Plot::default());
     let summary = capture::feed(
         reader,
@@ -736,9 +760,12 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
             println!("  note       no RX queue or CPU in this capture (tcpdump's have none): reordering and replay hold, but queue/CPU attribution and the verdicts need a tagged capture");
         }
     }
-    if let (Some(p), Some(out)) = (&plot, &args.plot) {
-        p.write(&snapshot, args.plot_color, out)?;
-        eprintln!("plotted {}", out.display());
+    if let (Some(p), Some(out)) = (&plot, plot_file) {
+        let path = out.path().to_path_buf();
+        // (plotters writes it by its path.)
+        drop(out.start()?);
+        p.write(&snapshot, args.plot_color, &path)?;
+        eprintln!("plotted {}", path.display());
     }
     match summary.error {
         // What came before the damage is reported above.

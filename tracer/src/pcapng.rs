@@ -69,15 +69,15 @@ pub struct PcapngWriter {
 }
 
 impl PcapngWriter {
-    /// Creates (truncates) `path`, mode 0600, before anything is attached;
-    /// [`PcapngWriter::begin`] writes its headers once the interface is known.
-    pub fn create(path: &Path) -> Result<Self, SetupError> {
-        let file = crate::create_private(path)?;
+    /// Starts the trace in `file` (an [`crate::output::OutputFile`]
+    /// started once the tracer is attached): the section and interface
+    /// headers, naming the traced interface, and the clock's offset.
+    pub fn create(path: &Path, file: File, iface: &Interface) -> Result<Self> {
         let (wall, mono) = (
             clock_ns(libc::CLOCK_REALTIME),
             clock_ns(libc::CLOCK_MONOTONIC),
         );
-        Ok(Self {
+        let mut w = Self {
             path: path.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, file),
             written: 0,
@@ -87,11 +87,12 @@ impl PcapngWriter {
             started_ns: wall,
             block: Vec::with_capacity(CAPTURE_MAX + 256),
             failed: None,
-        })
+        };
+        w.begin(iface)?;
+        Ok(w)
     }
 
-    /// The section and interface headers, and the clock's offset.
-    pub fn begin(&mut self, iface: &Interface) -> Result<()> {
+    fn begin(&mut self, iface: &Interface) -> Result<()> {
         let mut b = Blocks::new(PCAPNG_SHB);
         b.u32(BYTE_ORDER);
         b.u16(1);

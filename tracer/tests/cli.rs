@@ -131,6 +131,30 @@ fn bad_input_gets_one_line_and_exit_2() {
     }
 }
 
+/// A run that fails to start leaves the files it was given as they were.
+#[test]
+fn a_failed_start_neither_clobbers_nor_leaves_output_files() {
+    if !root_or_skip("a_failed_start_neither_clobbers_nor_leaves_output_files") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("tracer-cli-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let old = dir.join("yesterday.pcapng");
+    std::fs::write(&old, b"yesterday's trace").unwrap();
+    let new = dir.join("new.jsonl");
+    for out in [&old, &new] {
+        let o = Command::new(BIN)
+            .args(["record", "--iface", "nosuch0", "--out"])
+            .arg(out)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2));
+    }
+    assert_eq!(std::fs::read(&old).unwrap(), b"yesterday's trace");
+    assert!(!new.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Loopback has no driver XDP: the default falls back to generic.
 #[test]
 fn auto_mode_falls_back_to_generic_xdp() {

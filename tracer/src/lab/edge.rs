@@ -304,7 +304,15 @@ struct TruthFile {
 impl TruthFile {
     fn create(path: Option<&Path>) -> Result<Self, SetupError> {
         let out = path
-            .map(|p| crate::create_private(p).map(BufWriter::new))
+            .map(|p| {
+                let file = crate::output::OutputFile::open(p)?;
+                file.start()
+                    .map(BufWriter::new)
+                    .map_err(|e| SetupError::BadOutput {
+                        path: p.display().to_string(),
+                        reason: e.to_string(),
+                    })
+            })
             .transpose()?;
         Ok(Self { out, error: None })
     }

@@ -1107,13 +1107,16 @@ mod round_trip {
     }
 
     fn write_trace(path: &std::path::Path) -> (Vec<Observation>, Counters) {
-        let mut w = PcapngWriter::create(path).unwrap();
-        w.begin(&Interface {
+        let file = crate::output::OutputFile::open(path)
+            .unwrap()
+            .start()
+            .unwrap();
+        let iface = Interface {
             name: "veth0",
             description: "veth0, XDP native, headers only",
             ifindex: 7,
-        })
-        .unwrap();
+        };
+        let mut w = PcapngWriter::create(path, file, &iface).unwrap();
         let mut sent = Vec::new();
         let mut counters = Counters::default();
         for i in 0..50u32 {
