@@ -302,6 +302,46 @@ fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_repo
             assert!(drawn.contains(&text), "the plot lacks {text}");
         }
     }
+
+    // Damaged copies: cut short, and a block length overwritten in the
+    // middle. Everything before the damage is analysed, then one line
+    // says where (exit 1).
+    let bytes = std::fs::read(&file).unwrap();
+    let mut at = 0;
+    while at < bytes.len() / 2 {
+        at += u32::from_ne_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+    }
+    let mut corrupt = bytes.clone();
+    corrupt[at + 4..at + 8].copy_from_slice(&0xffff_fff0u32.to_ne_bytes());
+    let cut = &bytes[..bytes.len() * 3 / 5 + 3];
+    for (copy, says) in [
+        (cut, "the file ends inside a block (cut short?)".to_string()),
+        (
+            &corrupt[..],
+            format!("at byte {}: pcapng block length 4294967280", at + 4),
+        ),
+    ] {
+        let damaged = temp("damaged.pcapng");
+        std::fs::write(&damaged, copy).unwrap();
+        let out = Command::new(BIN)
+            .args(["analyze", "--json"])
+            .arg(&damaged)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&damaged);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains(&says), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        let before: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let n = u(&before["totals"]["data_segments"]);
+        let all = u(&report["totals"]["data_segments"]);
+        eprintln!(
+            "damaged copy: {n} of {all} data segments analysed; {}",
+            stderr.trim()
+        );
+        assert!(n > all / 3 && n < all, "{n} of {all}");
+    }
     let _ = std::fs::remove_file(&file);
     let _ = std::fs::remove_file(&truth);
     assert!(lab::lab_namespaces().is_empty());
