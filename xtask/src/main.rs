@@ -245,6 +245,8 @@ fn bench() -> Result<ExitCode> {
         "engine",
         "--bench",
         "analyze",
+        "--bench",
+        "xdp",
     ]))?;
     Ok(ExitCode::SUCCESS)
 }
