@@ -35,8 +35,8 @@ mod programs {
     };
     use tracer_common::{
         counter, kind, tcp_flags, AddrKey, CapturedSegment, FilterConfig, FlowAddrs, KernelOffsets,
-        ProbeEvent, RetransmitEvent, SegmentEvent, CAPTURED_HEADER, CAPTURE_MAX, FAMILY_IPV4,
-        FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS,
+        ProbeEvent, RetransmitEvent, CAPTURED_HEADER, CAPTURE_MAX, FAMILY_IPV4, FAMILY_IPV6,
+        FILTER_ADDRS, FILTER_PORTS,
     };
 
     use tracer_ebpf::{
@@ -185,7 +185,7 @@ mod programs {
         // SAFETY: this CPU's scratch slot; XDP does not nest on a CPU.
         let scratch = unsafe { &mut *scratch };
         let ev = &mut scratch.event;
-        zero(ev);
+        parse::zero_words(ev);
         if let Err(err) = parse::parse_segment(&frame, ev) {
             count(match err {
                 ParseError::NonTcp => counter::XDP_NON_TCP,
@@ -212,20 +212,6 @@ mod programs {
             emit_captured(&ctx, scratch, snaplen);
         }
         xdp_action::XDP_PASS
-    }
-
-    /// `*ev = SegmentEvent::default()`, in word stores: LLVM turns the plain
-    /// assignment into a call to a byte-by-byte `memset` subprogram, which
-    /// cost more than all of the parsing (`perf` over `cargo xtask bench`).
-    #[inline(always)]
-    fn zero(ev: &mut SegmentEvent) {
-        const WORDS: usize = core::mem::size_of::<SegmentEvent>() / 8;
-        let p = (ev as *mut SegmentEvent).cast::<u64>();
-        for i in 0..WORDS {
-            // SAFETY: within `ev` (a multiple of 8 bytes, 8-aligned);
-            // volatile, so that LLVM does not fold the loop back into a memset.
-            unsafe { p.add(i).write_volatile(0) };
-        }
     }
 
     /// The overhead benchmark's baseline (`cargo xtask bench`): count the
