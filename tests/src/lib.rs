@@ -70,6 +70,7 @@ pub fn record_upload(topo: &Topology, tracer: &mut Tracer, spec: &UploadSpec) ->
             duration: Some(spec.timeout + Duration::from_secs(5)),
             progress: false,
             live: None,
+            metrics: None,
         },
     )?;
     let results = upload.join()?;

@@ -111,7 +111,7 @@ pub const MAX_TCP_OPTIONS: usize = 10;
 /// `T` must be a multiple of 8 bytes, 8-aligned, and valid as all zeros.
 #[inline(always)]
 pub fn zero_words<T: Copy>(v: &mut T) {
-    const { assert!(size_of::<T>() % 8 == 0 && align_of::<T>() >= 8) };
+    const { assert!(size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8) };
     let p = (v as *mut T).cast::<u64>();
     for i in 0..size_of::<T>() / 8 {
         // SAFETY: within `v`, aligned (checked above); volatile, so that

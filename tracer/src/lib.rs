@@ -13,6 +13,7 @@ pub mod filter;
 pub mod jsonl;
 pub mod kernel;
 pub mod lab;
+pub mod metrics;
 pub mod output;
 pub mod pcapng;
 pub mod plot;

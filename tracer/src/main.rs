@@ -14,6 +14,7 @@ use tracer::{
     jsonl::JsonLines,
     kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
+    metrics::{self, Metrics},
     output::OutputFile,
     pcapng::{self, PcapngWriter},
     plot::{ColorBy, Plot},
@@ -73,6 +74,10 @@ struct TraceArgs {
     /// (default: the headers only; no payload leaves the kernel).
     #[arg(long, value_name = "BYTES")]
     snaplen: Option<u32>,
+    /// Serve Prometheus/OpenMetrics text at http://ADDR/metrics while
+    /// tracing: a port (loopback only) or ADDRESS:PORT. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
     /// No progress line every second.
     #[arg(long)]
     quiet: bool,
@@ -455,6 +460,29 @@ impl Output {
     }
 }
 
+/// What a tracing run writes and serves: `--out` and `--metrics-addr`,
+/// both ready before anything is attached (bad paths and taken ports fail
+/// first).
+struct Outputs {
+    file: Output,
+    metrics: Option<Metrics>,
+}
+
+impl Outputs {
+    fn open(trace: &TraceArgs) -> Result<Self> {
+        let file = Output::open(trace)?;
+        let metrics = match trace.metrics_addr.as_deref() {
+            None => None,
+            Some(addr) => {
+                let m = Metrics::serve(metrics::parse_addr(addr)?)?;
+                eprintln!("metrics at http://{}/metrics", m.addr);
+                Some(m)
+            }
+        };
+        Ok(Self { file, metrics })
+    }
+}
+
 fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
     let filter = Filter::parse(args.filter.as_deref().unwrap_or(""))?;
     let duration = args
@@ -472,13 +500,13 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
     };
     let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
-    let mut out = Output::open(&args.trace)?;
+    let mut out = Outputs::open(&args.trace)?;
     let opts = TracerOptions {
-        snaplen: out.snaplen(&args.trace),
+        snaplen: out.file.snaplen(&args.trace),
         ..opts
     };
     let mut tracer = Tracer::attach(&opts)?;
-    out.begin(&tracer, &args.trace)?;
+    out.file.begin(&tracer, &args.trace)?;
     eprintln!(
         "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
         traced_on(&tracer.iface, tracer.netns.as_deref()),
@@ -503,19 +531,19 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         &args.trace.report,
         None,
     );
-    finish(&outcome, &out, args.trace.report.json)
+    finish(&outcome, &out.file, args.trace.report.json)
 }
 
 fn collect(
     tracer: &mut Tracer,
     engine: &mut Engine,
-    out: &mut Output,
+    out: &mut Outputs,
     until: impl FnMut() -> bool,
     duration: Option<Duration>,
     progress: bool,
     live: Option<&mut tui::Link>,
 ) -> Result<Outcome> {
-    let mut sinks: Vec<&mut dyn Sink> = out.sink().into_iter().collect();
+    let mut sinks: Vec<&mut dyn Sink> = out.file.sink().into_iter().collect();
     record::run(
         tracer,
         engine,
@@ -526,6 +554,7 @@ fn collect(
             // The screen shows what the progress line would.
             progress: progress && live.is_none(),
             live,
+            metrics: out.metrics.as_ref(),
         },
     )
 }
@@ -829,7 +858,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     }
     let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
-    let mut out = Output::open(&args.trace)?;
+    let mut out = Outputs::open(&args.trace)?;
     let mut lab = lab::Lab::create(&lab::LabSpec {
         mode,
         sender: match args.sender {
@@ -852,10 +881,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         filter: Filter::default(),
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
-        snaplen: out.snaplen(&args.trace),
+        snaplen: out.file.snaplen(&args.trace),
     };
     let mut tracer = Tracer::attach(&opts)?;
-    out.begin(&tracer, &args.trace)?;
+    out.file.begin(&tracer, &args.trace)?;
     eprintln!(
         "lab: {} x {:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
@@ -932,5 +961,5 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         };
         print!("{}", report::lab(&snapshot, &lab_outcome, opts));
     }
-    finish(&outcome, &out, args.trace.report.json)
+    finish(&outcome, &out.file, args.trace.report.json)
 }

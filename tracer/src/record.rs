@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use crate::{
     engine::Engine,
     kernel::{Counters, Tracer},
+    metrics::Metrics,
     report,
     source::{self, Observation, Raw},
     tui,
@@ -61,6 +62,8 @@ pub struct RecordOptions<'a> {
     /// The live view: sampled every [`tui::FRAME`] (less often when a
     /// sample costs more than a tenth of the time); its `q` stops the run.
     pub live: Option<&'a mut tui::Link>,
+    /// Served metrics, updated every second and at the end.
+    pub metrics: Option<&'a Metrics>,
 }
 
 pub struct Outcome {
@@ -121,6 +124,9 @@ pub fn run(
             for sink in sinks.iter_mut() {
                 sink.flush(&counters)?;
             }
+            if let Some(m) = opts.metrics {
+                m.update(&engine.live_snapshot(0, None), &counters);
+            }
             if opts.progress {
                 let live = engine.live();
                 eprintln!(
@@ -148,6 +154,9 @@ pub fn run(
     let counters = tracer.counters()?;
     for sink in sinks.iter_mut() {
         sink.flush(&counters)?;
+    }
+    if let Some(m) = opts.metrics {
+        m.update(&engine.live_snapshot(0, None), &counters);
     }
     Ok(Outcome {
         stop,

@@ -60,19 +60,20 @@ impl Distribution {
         if d.count == 0 {
             return Self::default();
         }
-        let mut buckets = Vec::new();
-        let mut upper = 1u64;
-        let mut below = 0u64;
-        loop {
-            let count = h.count_between(below, upper);
-            if count > 0 {
-                buckets.push((upper, count));
+        // Each recorded value once, in the power of two at or above it (as
+        // precise as the histogram: within 10%). (Counting between powers
+        // of two counted the histogram's sub-buckets that straddle one
+        // twice: the buckets summed to more than the count.)
+        let mut buckets: Vec<(u64, u64)> = Vec::new();
+        for v in h.iter_recorded() {
+            let value = h
+                .lowest_equivalent(v.value_iterated_to())
+                .clamp(d.min, d.max);
+            let upper = value.max(1).next_power_of_two();
+            match buckets.last_mut() {
+                Some((u, n)) if *u == upper => *n += u64::from(v.count_at_value()),
+                _ => buckets.push((upper, u64::from(v.count_at_value()))),
             }
-            if upper >= d.max {
-                break;
-            }
-            below = upper + 1;
-            upper = upper.saturating_mul(2);
         }
         // Percentiles are within the histogram's precision; never outside
         // what was recorded.
@@ -381,18 +382,17 @@ pub(crate) fn flow_report(
     }
 }
 
+/// `verdicts`: flows per verdict over all tracked flows (`flows` may be
+/// only the most reordered).
 pub(crate) fn build(
     totals: &FlowTotals,
     flows: Vec<FlowReport>,
+    verdicts: BTreeMap<Verdict, u64>,
     tracked: u64,
     evicted: u64,
     retransmit_events: u64,
     cfg: &EngineConfig,
 ) -> Snapshot {
-    let mut verdicts = BTreeMap::new();
-    for f in &flows {
-        *verdicts.entry(f.verdict).or_default() += 1;
-    }
     let replay = Replay::total(
         totals
             .replay
@@ -422,5 +422,30 @@ pub(crate) fn build(
         evicted_flows: evicted,
         config: *cfg,
         kernel: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::Hist;
+
+    #[test]
+    fn distribution_buckets_count_every_value_once() {
+        let mut h = Hist::default();
+        // 1..=5000 and a run of 1024s: values on and across the powers of
+        // two, where the histogram's sub-buckets straddle them.
+        for v in (1..=5000).chain(std::iter::repeat_n(1024, 100)) {
+            h.record(v);
+        }
+        let d = Distribution::of(&h);
+        assert_eq!(d.count, 5100);
+        assert_eq!(d.buckets.iter().map(|b| b.1).sum::<u64>(), 5100);
+        assert!(d.buckets.windows(2).all(|w| w[0].0 < w[1].0));
+        assert!(d.buckets.iter().all(|b| b.0.is_power_of_two()));
+        // Within the histogram's precision (one significant figure).
+        let at_most_1024: u64 = d.buckets.iter().filter(|b| b.0 <= 1024).map(|b| b.1).sum();
+        assert!((1124..=1124 + 64).contains(&at_most_1024), "{at_most_1024}");
+        assert_eq!(d.buckets.last().unwrap().0, 8192);
     }
 }

@@ -89,6 +89,10 @@ fn bad_input_gets_one_line_and_exit_2() {
             "name the file FILE.pcapng",
         ),
         (
+            &["record", "--iface", "lo", "--metrics-addr", "localhost"],
+            "--metrics-addr localhost: give a port (loopback) or ADDRESS:PORT",
+        ),
+        (
             &["record", "--iface", "lo", "--snaplen", "100"],
             "--snaplen applies to a pcapng trace",
         ),

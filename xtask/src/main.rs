@@ -58,8 +58,9 @@ const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// `bpftool` (an independent BTF reader in a unit test), `runuser` (the
 /// not-root test), `iptables` (drops that force retransmissions; the lab's
 /// NFQUEUE rule in pattern mode), `ethtool`, `tmux` (a terminal for the
-/// live view's end-to-end test), `tcpdump` (captures for `analyze`'s) and
-/// `tshark` (the independent reader of our pcapng traces).
+/// live view's end-to-end test), `tcpdump` (captures for `analyze`'s),
+/// `tshark` (the independent reader of our pcapng traces) and `prometheus`
+/// (its `promtool` checks the metrics and the alert rules).
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftool",
@@ -69,6 +70,7 @@ const APT_PACKAGES: &[&str] = &[
     "tmux",
     "tcpdump",
     "tshark",
+    "prometheus",
 ];
 
 fn main() -> ExitCode {

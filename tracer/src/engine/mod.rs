@@ -757,8 +757,14 @@ impl Engine {
     fn snapshot_with(&self, replay: bool, max_flows: usize, keep: Option<&str>) -> Snapshot {
         let mut totals = (*self.evicted).clone();
         let mut shown: Vec<(&Flow, &FlowState)> = Vec::with_capacity(self.flows.len());
+        // Over every tracked flow, not only those shown.
+        let mut verdicts = BTreeMap::new();
         for (flow, f) in self.flows.iter() {
             totals.add_flow(f);
+            let v = f.wire.as_ref().map_or(verdict::Verdict::None, |w| {
+                verdict::of(&w.m, &self.cfg.verdict)
+            });
+            *verdicts.entry(v).or_default() += 1;
             shown.push((flow, f));
         }
         if shown.len() > max_flows {
@@ -793,6 +799,7 @@ impl Engine {
         snapshot::build(
             &totals,
             flows,
+            verdicts,
             self.flows.len() as u64,
             self.evictions,
             self.retransmit_events,

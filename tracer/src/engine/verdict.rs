@@ -31,6 +31,8 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    pub const ALL: [Verdict; 4] = [Self::NicSteering, Self::Upstream, Self::Mixed, Self::None];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::None => "none",
@@ -53,29 +55,36 @@ pub fn steered_share(m: &Metrics) -> f64 {
     steered as f64 / m.reordered.max(1) as f64
 }
 
-/// The verdict and a sentence saying why.
-pub fn judge(m: &Metrics, rules: &VerdictRules) -> (Verdict, String) {
+/// The verdict alone (what [`judge`] says, without the sentence).
+pub fn of(m: &Metrics, rules: &VerdictRules) -> Verdict {
     if m.reordered < rules.min_reordered.max(1) {
-        return (Verdict::None, format!("{} reordered segments", m.reordered));
+        return Verdict::None;
     }
     let share = steered_share(m);
-    let migrations = m.queue_migrations + m.cpu_migrations;
-    let steered: u64 = m.late.attribution[1..].iter().sum();
-    let evidence = format!(
-        "{steered} of {} reordered segments overtaken on another RX queue or CPU ({:.0}%); {} queue and {} CPU migrations, {} reorders within the window after one",
-        m.reordered,
-        share * 100.0,
-        m.queue_migrations,
-        m.cpu_migrations,
-        m.late.reordered_after_migration
-    );
-    let verdict = if share >= rules.steering_share && migrations > 0 {
+    if share >= rules.steering_share && m.queue_migrations + m.cpu_migrations > 0 {
         Verdict::NicSteering
     } else if share <= rules.upstream_share {
         Verdict::Upstream
     } else {
         Verdict::Mixed
-    };
+    }
+}
+
+/// The verdict and a sentence saying why.
+pub fn judge(m: &Metrics, rules: &VerdictRules) -> (Verdict, String) {
+    let verdict = of(m, rules);
+    if verdict == Verdict::None {
+        return (verdict, format!("{} reordered segments", m.reordered));
+    }
+    let steered: u64 = m.late.attribution[1..].iter().sum();
+    let evidence = format!(
+        "{steered} of {} reordered segments overtaken on another RX queue or CPU ({:.0}%); {} queue and {} CPU migrations, {} reorders within the window after one",
+        m.reordered,
+        steered_share(m) * 100.0,
+        m.queue_migrations,
+        m.cpu_migrations,
+        m.late.reordered_after_migration
+    );
     (verdict, evidence)
 }
 

@@ -1,0 +1,409 @@
+//! `--metrics-addr ADDR`: the fleet's view, served as OpenMetrics text
+//! (prometheus-client) over HTTP at `/metrics` while the tracer runs.
+//!
+//! The collector updates the values once a second from the engine's totals
+//! (the live snapshot, without replays) and the kernel's counters; a
+//! thread of its own answers the scrapes. Off unless asked for; a bare
+//! port listens on loopback only.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex,
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use anyhow::{Context, Result};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, MetricType},
+    registry::Registry,
+};
+
+use crate::{
+    kernel::Counters,
+    snapshot::{Distribution, Snapshot},
+    SetupError,
+};
+
+/// Where to listen: `PORT` (loopback), `ADDR:PORT` or `[V6]:PORT`.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, SetupError> {
+    let bad = || {
+        SetupError::BadArgument(format!(
+            "--metrics-addr {s}: give a port (loopback) or ADDRESS:PORT, e.g. 9464 or 0.0.0.0:9464"
+        ))
+    };
+    if let Ok(port) = s.parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    s.parse().map_err(|_| bad())
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttributionLabel {
+    attribution: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabel {
+    verdict: &'static str,
+}
+
+/// A histogram whose buckets come whole from the engine's distributions
+/// (shared by the registry and the updates).
+#[derive(Clone, Debug, Default)]
+struct Buckets(Arc<Mutex<HistogramValue>>);
+
+#[derive(Debug, Default)]
+struct HistogramValue {
+    sum: f64,
+    count: u64,
+    /// (upper bound, count in the bucket), ascending, +Inf last.
+    buckets: Vec<(f64, u64)>,
+}
+
+impl Buckets {
+    /// From a distribution with buckets' upper bounds in `unit`s (e.g. µs
+    /// as seconds: 1e-6).
+    fn set(&self, d: &Distribution, unit: f64) {
+        let mut b: Vec<(f64, u64)> = d
+            .buckets
+            .iter()
+            .map(|&(upper, n)| (upper as f64 * unit, n))
+            .collect();
+        b.push((f64::INFINITY, 0));
+        *self.0.lock().expect("metrics lock") = HistogramValue {
+            sum: d.mean * d.count as f64 * unit,
+            count: d.count,
+            buckets: b,
+        };
+    }
+}
+
+impl EncodeMetric for Buckets {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let h = &*self.0.lock().expect("metrics lock");
+        encoder.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+            h.sum, h.count, &h.buckets, None,
+        )
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// The values served, updated by [`Metrics::update`].
+#[derive(Default)]
+struct Values {
+    segments: Counter,
+    data_segments: Counter,
+    reordered: Family<AttributionLabel, Counter>,
+    retransmissions: Counter,
+    n3_reordering: Gauge<f64, AtomicU64>,
+    dropped_events: Counter,
+    queue_migrations: Counter,
+    cpu_migrations: Counter,
+    flows: Family<VerdictLabel, Gauge>,
+    tracked_flows: Gauge,
+    evicted_flows: Counter,
+    late_time: Buckets,
+    extent: Buckets,
+}
+
+/// Raises a counter to `to` (totals only grow; after the live view's
+/// reset they start over, and the counter holds until they pass it).
+fn raise(c: &Counter, to: u64) {
+    c.inc_by(to.saturating_sub(c.get()));
+}
+
+/// The registry, its values and the thread serving them.
+pub struct Metrics {
+    values: Arc<Values>,
+    pub addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    server: Option<JoinHandle<()>>,
+}
+
+impl Metrics {
+    /// Binds `addr` (before anything is attached: a taken port fails
+    /// first) and starts serving.
+    pub fn serve(addr: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind(addr).map_err(|e| {
+            SetupError::BadArgument(format!("--metrics-addr {addr}: cannot listen: {e}"))
+        })?;
+        let addr = listener.local_addr()?;
+        listener.set_nonblocking(true)?;
+        let values = Arc::new(Values::default());
+        let mut registry = Registry::with_prefix("tracer");
+        register(&mut registry, &values);
+        let stop = Arc::new(AtomicBool::new(false));
+        let server = {
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("metrics".into())
+                .spawn(move || serve(listener, registry, &stop))
+                .context("starting the metrics thread")?
+        };
+        Ok(Self {
+            values,
+            addr,
+            stop,
+            server: Some(server),
+        })
+    }
+
+    /// New values: the engine's totals and the kernel's counters.
+    pub fn update(&self, s: &Snapshot, counters: &Counters) {
+        let v = &self.values;
+        let t = &s.totals;
+        let r = &t.reordering;
+        raise(&v.segments, t.segments);
+        raise(&v.data_segments, r.data_segments);
+        let a = &r.attribution;
+        for (label, n) in [
+            ("different_queue", a.different_queue),
+            ("different_cpu", a.different_cpu),
+            ("different_queue_and_cpu", a.different_queue_and_cpu),
+            ("same_queue_same_cpu", a.same_queue_same_cpu),
+        ] {
+            raise(
+                &v.reordered
+                    .get_or_create(&AttributionLabel { attribution: label }),
+                n,
+            );
+        }
+        raise(&v.retransmissions, r.retransmissions);
+        let n3 = r
+            .n_reordering
+            .iter()
+            .find(|n| n.n == 3)
+            .map_or(0.0, |n| n.degree);
+        v.n3_reordering.set(n3);
+        raise(&v.dropped_events, counters.dropped());
+        raise(&v.queue_migrations, r.queue_migrations);
+        raise(&v.cpu_migrations, r.cpu_migrations);
+        for verdict in crate::engine::verdict::Verdict::ALL {
+            let n = t.verdicts.get(&verdict).copied().unwrap_or(0);
+            v.flows
+                .get_or_create(&VerdictLabel {
+                    verdict: verdict.as_str(),
+                })
+                .set(n as i64);
+        }
+        v.tracked_flows.set(s.tracked_flows as i64);
+        raise(&v.evicted_flows, s.evicted_flows);
+        v.late_time.set(&r.late_time_us, 1e-6);
+        v.extent.set(&r.extent, 1.0);
+    }
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.server.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn register(r: &mut Registry, v: &Values) {
+    r.register(
+        "segments",
+        "TCP segments XDP saw on the traced interface",
+        v.segments.clone(),
+    );
+    r.register(
+        "data_segments",
+        "TCP segments with payload",
+        v.data_segments.clone(),
+    );
+    r.register(
+        "reordered_segments",
+        "Late originals (RFC 4737 reordered, not retransmissions), by what overtook them: another RX queue, CPU, both, or the same path",
+        v.reordered.clone(),
+    );
+    r.register(
+        "retransmissions",
+        "Segments the receiver got again after a hole (retransmitted)",
+        v.retransmissions.clone(),
+    );
+    r.register(
+        "n3_reordering_ratio",
+        "RFC 5236 n-reordering for n=3 (the duplicate-ACK threshold): the share of segments that would trigger a classic sender's fast retransmit",
+        v.n3_reordering.clone(),
+    );
+    r.register(
+        "dropped_events",
+        "Events the kernel lost (ring buffer full, tracepoint runs missed): the results miss them",
+        v.dropped_events.clone(),
+    );
+    r.register(
+        "queue_migrations",
+        "Times a flow moved to another RX queue",
+        v.queue_migrations.clone(),
+    );
+    r.register(
+        "cpu_migrations",
+        "Times a flow moved to another CPU",
+        v.cpu_migrations.clone(),
+    );
+    r.register(
+        "flows",
+        "Tracked flows by verdict (nic-steering: the Flow Director ATR signature)",
+        v.flows.clone(),
+    );
+    r.register(
+        "tracked_flows",
+        "Flow directions tracked now",
+        v.tracked_flows.clone(),
+    );
+    r.register(
+        "evicted_flows",
+        "Flows evicted from the bounded table (counted in the totals)",
+        v.evicted_flows.clone(),
+    );
+    r.register_with_unit(
+        "late_time",
+        "How late reordered segments arrived after the segment that overtook them",
+        prometheus_client::registry::Unit::Seconds,
+        v.late_time.clone(),
+    );
+    r.register(
+        "extent",
+        "RFC 4737 reordering extent of late segments, in segments",
+        v.extent.clone(),
+    );
+}
+
+/// Answers scrapes until `stop`: `GET /metrics` gets the registry as
+/// OpenMetrics text, anything else 404.
+fn serve(listener: TcpListener, registry: Registry, stop: &AtomicBool) {
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                if let Err(e) = answer(stream, &registry) {
+                    log::debug!("metrics scrape: {e}");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => log::warn!("metrics: accepting a scrape: {e}"),
+        }
+    }
+}
+
+fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut request = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&request);
+    let (status, kind, body) =
+        if line.starts_with("GET /metrics ") || line.starts_with("GET /metrics?") {
+            let mut body = String::new();
+            prometheus_client::encoding::text::encode(&mut body, registry)
+                .map_err(|_| std::io::Error::other("encoding the metrics"))?;
+            // Prometheus asks for OpenMetrics; curl and promtool (before 2.x's
+            // late versions) read the classic text format.
+            if line
+                .to_ascii_lowercase()
+                .contains("application/openmetrics-text")
+            {
+                (
+                    "200 OK",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    body,
+                )
+            } else {
+                (
+                    "200 OK",
+                    "text/plain; version=0.0.4; charset=utf-8",
+                    classic(&body),
+                )
+            }
+        } else {
+            (
+                "404 Not Found",
+                "text/plain",
+                "metrics are at /metrics\n".to_string(),
+            )
+        };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// OpenMetrics text as the classic Prometheus text format (0.0.4): a
+/// counter's HELP and TYPE name its `_total` samples, `+Inf` is spelled so,
+/// and there is no UNIT or EOF line.
+fn classic(open: &str) -> String {
+    let counters: Vec<&str> = open
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open.len());
+    for line in open.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| line.strip_prefix(p).map(|rest| (p, rest)));
+        match meta {
+            Some((p, rest)) => {
+                let name = rest.split(' ').next().unwrap_or("");
+                if counters.contains(&name) {
+                    out.push_str(&format!("{p}{name}_total{}", &rest[name.len()..]));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(&line.replace("le=\"inf\"", "le=\"+Inf\"")),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classic_text_names_counters_by_their_samples() {
+        let open = "# HELP x_segments Segments.\n# TYPE x_segments counter\nx_segments_total 5\n\
+# HELP x_late Late.\n# TYPE x_late histogram\n# UNIT x_late seconds\nx_late_bucket{le=\"inf\"} 2\n# EOF\n";
+        assert_eq!(
+            classic(open),
+            "# HELP x_segments_total Segments.\n# TYPE x_segments_total counter\nx_segments_total 5\n\
+# HELP x_late Late.\n# TYPE x_late histogram\nx_late_bucket{le=\"+Inf\"} 2\n"
+        );
+    }
+
+    #[test]
+    fn a_bare_port_listens_on_loopback() {
+        assert_eq!(parse_addr("9464").unwrap().to_string(), "127.0.0.1:9464");
+        assert_eq!(
+            parse_addr("0.0.0.0:9464").unwrap().to_string(),
+            "0.0.0.0:9464"
+        );
+        assert_eq!(parse_addr("[::1]:9464").unwrap().to_string(), "[::1]:9464");
+        assert!(parse_addr("localhost").is_err());
+    }
+}

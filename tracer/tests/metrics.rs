@@ -1,0 +1,208 @@
+//! `--metrics-addr`: scraped over real HTTP while `tracer record` traces a
+//! lab upload (root; in CI). The values move during the upload, and once it
+//! is over they are the report's; `promtool check metrics` (apt package
+//! prometheus) passes on what is served; the alert rules in
+//! `deploy/prometheus` pass `promtool check rules` and their unit tests.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::Path,
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use serde_json::Value;
+use tracer::lab::{self, Lab, LabSpec};
+
+mod common;
+use common::{root_or_skip, BIN};
+
+/// GET /metrics; the body.
+fn scrape(addr: &str) -> String {
+    let mut s = TcpStream::connect(addr).expect("connecting to the metrics address");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("text/plain; version=0.0.4"), "{head}");
+    body.to_string()
+}
+
+/// Sample name with labels -> value.
+fn samples(body: &str) -> BTreeMap<String, f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k.to_string(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+fn promtool(args: &[&str], stdin: Option<&str>) -> (bool, String) {
+    let mut child = Command::new("promtool")
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (apt package prometheus: cargo xtask setup installs it)");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+#[test]
+fn the_alert_rules_check_and_pass_their_tests() {
+    for args in [
+        &["check", "rules", "alerts.yml"][..],
+        &["test", "rules", "alerts-test.yml"][..],
+    ] {
+        let (ok, said) = promtool(args, None);
+        assert!(ok, "promtool {args:?}: {said}");
+    }
+}
+
+#[test]
+fn metrics_move_during_an_upload_and_agree_with_the_report() {
+    if !root_or_skip("metrics_move_during_an_upload_and_agree_with_the_report") {
+        return;
+    }
+    let mut spec = LabSpec::new(
+        lab::Mode::Atr {
+            rate: 50.0,
+            qsize: 256,
+        },
+        4,
+    );
+    spec.flows = 2;
+    spec.bytes_per_flow = 256 << 20;
+    spec.timeout = Duration::from_secs(4);
+    let mut lab = Lab::create(&spec).unwrap();
+    let mut record = Command::new(BIN)
+        .args(["record", "--json", "--quiet", "--iface", lab::SERVER_IF])
+        .args([
+            "--netns",
+            &lab.topo.server_ns,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stderr = record.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let said = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    let addr = said
+        .strip_prefix("metrics at http://")
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .unwrap_or_else(|| panic!("{said}"))
+        .to_string();
+    assert!(addr.starts_with("127.0.0.1:"), "loopback: {addr}");
+    let attached = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    assert!(attached.contains("tracing TCP received on"), "{attached}");
+
+    lab.start_upload().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let early = samples(&scrape(&addr));
+    std::thread::sleep(Duration::from_millis(1100));
+    let later = samples(&scrape(&addr));
+    while !lab.finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.finish().unwrap();
+    // Two updates after the last segment: the values are final.
+    std::thread::sleep(Duration::from_millis(2200));
+    let body = scrape(&addr);
+    let last = samples(&body);
+    let (ok, said) = promtool(&["check", "metrics"], Some(&body));
+    assert!(ok, "promtool check metrics: {said}\n{body}");
+
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(record.id() as i32, libc::SIGINT) };
+    let out = record.wait_with_output().unwrap();
+    drop(lab);
+    assert_eq!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = &report["totals"];
+
+    let m = |k: &str| *last.get(k).unwrap_or_else(|| panic!("no {k} in {body}"));
+    eprintln!(
+        "segments: {} after 1.5 s, {} after 2.6 s, {} at the end",
+        early["tracer_segments_total"],
+        later["tracer_segments_total"],
+        m("tracer_segments_total")
+    );
+    assert!(early["tracer_segments_total"] > 0.0);
+    assert!(later["tracer_segments_total"] > early["tracer_segments_total"]);
+    let u = |v: &Value| v.as_u64().unwrap() as f64;
+    assert_eq!(m("tracer_segments_total"), u(&t["segments"]));
+    assert_eq!(m("tracer_data_segments_total"), u(&t["data_segments"]));
+    assert_eq!(m("tracer_retransmissions_total"), u(&t["retransmissions"]));
+    assert_eq!(
+        m("tracer_queue_migrations_total"),
+        u(&t["queue_migrations"])
+    );
+    assert_eq!(m("tracer_cpu_migrations_total"), u(&t["cpu_migrations"]));
+    assert_eq!(m("tracer_dropped_events_total"), u(&t["dropped_events"]));
+    assert_eq!(m("tracer_tracked_flows"), u(&report["tracked_flows"]));
+    for class in [
+        "different_queue",
+        "different_cpu",
+        "different_queue_and_cpu",
+        "same_queue_same_cpu",
+    ] {
+        let key = format!("tracer_reordered_segments_total{{attribution=\"{class}\"}}");
+        assert_eq!(m(&key), u(&t["attribution"][class]), "{class}");
+    }
+    assert!(u(&t["reordered"]) > 1000.0);
+    for verdict in ["nic-steering", "upstream", "mixed", "none"] {
+        let key = format!("tracer_flows{{verdict=\"{verdict}\"}}");
+        let want = t["verdicts"][verdict].as_u64().unwrap_or(0) as f64;
+        assert_eq!(m(&key), want, "{verdict}");
+    }
+    assert_eq!(m("tracer_flows{verdict=\"nic-steering\"}"), 2.0);
+    let n3 = t["n_reordering"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["n"] == 3)
+        .unwrap()["degree"]
+        .as_f64()
+        .unwrap();
+    assert!((m("tracer_n3_reordering_ratio") - n3).abs() < 1e-12);
+    assert_eq!(
+        m("tracer_late_time_seconds_count"),
+        u(&t["late_time_us"]["count"])
+    );
+    assert_eq!(
+        m("tracer_late_time_seconds_bucket{le=\"+Inf\"}"),
+        u(&t["late_time_us"]["count"])
+    );
+    assert!(lab::lab_namespaces().is_empty());
+}
