@@ -1,0 +1,211 @@
+//! Faults a production host can throw at the tracer (root; in CI): a
+//! collector that stalls (the ring overflows), signals and SIGKILL in the
+//! middle of a run, a second tracer on the same interface.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer::{
+    kernel,
+    lab::{self, Lab, LabSpec},
+    source::capture::{CaptureReader, Item},
+};
+
+mod common;
+use common::{root_or_skip, BIN};
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("tracer-faults-{}-{name}", std::process::id()))
+}
+
+fn atr_lab(flows: usize, bytes: u64) -> Lab {
+    let mut spec = LabSpec::new(
+        lab::Mode::Atr {
+            rate: 50.0,
+            qsize: 256,
+        },
+        4,
+    );
+    spec.flows = flows;
+    spec.bytes_per_flow = bytes;
+    spec.timeout = Duration::from_secs(5);
+    Lab::create(&spec).expect("lab")
+}
+
+/// `tracer record ARGS` on the lab's server interface; its stderr lines.
+fn record(lab: &Lab, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .args([
+            "record",
+            "--iface",
+            lab::SERVER_IF,
+            "--netns",
+            &lab.topo.server_ns,
+        ])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tracer record");
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for the stderr line containing `what`; returns it.
+fn said(rx: &mpsc::Receiver<String>, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|_| panic!("never said {what}"));
+        if line.contains(what) {
+            return line;
+        }
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+fn scrape(addr: &str, metric: &str) -> f64 {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(metric).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {metric}"))
+}
+
+/// Segment packets in our trace, and the kernel's counters in its last
+/// statistics block.
+fn trace_contents(file: &Path) -> (u64, Option<kernel::Counters>) {
+    let mut r = CaptureReader::new(BufReader::new(std::fs::File::open(file).unwrap())).unwrap();
+    let (mut packets, mut counters) = (0, None);
+    while let Some(item) = r.next_item() {
+        match item.unwrap() {
+            Item::Packet(_) => packets += 1,
+            Item::Counters(c) => counters = Some(*c),
+            _ => {}
+        }
+    }
+    (packets, counters)
+}
+
+/// A collector stopped for a second (SIGSTOP) while a 1 MiB ring fills:
+/// the kernel drops events, and every count adds up exactly: each segment
+/// XDP parsed is either in the trace or counted as dropped; the report,
+/// the trace's statistics and the metrics all say the same number; exit 3.
+#[test]
+fn a_stalled_collector_loses_events_and_every_output_counts_them_exactly() {
+    if !root_or_skip("a_stalled_collector_loses_events_and_every_output_counts_them_exactly") {
+        return;
+    }
+    let file = temp("stalled.pcapng");
+    let mut lab = atr_lab(2, 192 << 20);
+    let out = file.to_str().unwrap();
+    let (child, rx) = record(
+        &lab,
+        &[
+            "--json",
+            "--quiet",
+            "--ring-mib",
+            "1",
+            "--out",
+            out,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    let addr = said(&rx, "metrics at http://")
+        .trim_start_matches("metrics at http://")
+        .trim_end_matches("/metrics")
+        .to_string();
+    said(&rx, "tracing TCP received on");
+    lab.start_upload().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    signal(&child, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(1000));
+    signal(&child, libc::SIGCONT);
+    while !lab.finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.finish().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let served = scrape(&addr, "tracer_dropped_events_total");
+    signal(&child, libc::SIGINT);
+    let done = child.wait_with_output().unwrap();
+    drop(lab);
+    assert_eq!(done.status.code(), Some(3), "events lost: exit 3");
+    let r: Value = serde_json::from_slice(&done.stdout).unwrap();
+    let k = &r["kernel"];
+    let dropped = u(&k["xdp_dropped"]);
+    eprintln!(
+        "stalled 1 s: {} segments parsed, {} emitted, {dropped} dropped; tcp_probe {} emitted, {} dropped",
+        u(&k["xdp_tcp_segments"]),
+        u(&k["xdp_events"]),
+        u(&k["probe_events"]),
+        u(&k["probe_dropped"])
+    );
+    assert!(dropped > 1000, "the ring did not overflow: {dropped}");
+    // Exact, in the kernel's own terms.
+    assert_eq!(
+        u(&k["xdp_events"]) + dropped,
+        u(&k["xdp_tcp_segments"]) - u(&k["xdp_filtered"])
+    );
+    assert_eq!(
+        u(&k["probe_events"])
+            + u(&k["probe_dropped"])
+            + u(&k["probe_filtered"])
+            + u(&k["probe_read_errors"]),
+        u(&k["probe_seen"])
+    );
+    let lost = dropped
+        + u(&k["probe_dropped"])
+        + u(&k["retransmit_dropped"])
+        + u(&k["probe_lost"])
+        + u(&k["retransmit_lost"]);
+    assert_eq!(u(&r["totals"]["dropped_events"]), lost);
+    // The trace holds exactly the emitted segments, and says what it lacks.
+    let (packets, stats) = trace_contents(&file);
+    assert_eq!(packets, u(&k["xdp_events"]));
+    assert_eq!(packets, u(&r["totals"]["segments"]));
+    assert_eq!(stats.map(|c| c.dropped()), Some(lost));
+    // The metrics, and the text report of the trace.
+    assert_eq!(served, lost as f64);
+    let text = Command::new(BIN)
+        .arg("analyze")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        text.contains(&format!(
+            "DROPPED    {} events lost: the ring buffer was full",
+            lost - u(&k["probe_lost"]) - u(&k["retransmit_lost"])
+        )),
+        "{text}"
+    );
+    assert!(lab::lab_namespaces().is_empty());
+}
