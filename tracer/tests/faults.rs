@@ -25,14 +25,13 @@ fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tracer-faults-{}-{name}", std::process::id()))
 }
 
-fn atr_lab(flows: usize, bytes: u64) -> Lab {
-    let mut spec = LabSpec::new(
-        lab::Mode::Atr {
-            rate: 50.0,
-            qsize: 256,
-        },
-        4,
-    );
+const ATR: lab::Mode = lab::Mode::Atr {
+    rate: 50.0,
+    qsize: 256,
+};
+
+fn a_lab(mode: lab::Mode, flows: usize, bytes: u64) -> Lab {
+    let mut spec = LabSpec::new(mode, 4);
     spec.flows = flows;
     spec.bytes_per_flow = bytes;
     spec.timeout = Duration::from_secs(5);
@@ -122,7 +121,7 @@ fn a_stalled_collector_loses_events_and_every_output_counts_them_exactly() {
         return;
     }
     let file = temp("stalled.pcapng");
-    let mut lab = atr_lab(2, 192 << 20);
+    let mut lab = a_lab(ATR, 2, 192 << 20);
     let out = file.to_str().unwrap();
     let (child, rx) = record(
         &lab,
@@ -208,4 +207,43 @@ fn a_stalled_collector_loses_events_and_every_output_counts_them_exactly() {
         "{text}"
     );
     assert!(lab::lab_namespaces().is_empty());
+}
+
+/// A second tracer on an interface already traced says so and exits 2;
+/// the first goes on tracing, undisturbed.
+#[test]
+fn a_second_tracer_on_the_same_interface_says_so_and_leaves_the_first_alone() {
+    if !root_or_skip("a_second_tracer_on_the_same_interface_says_so_and_leaves_the_first_alone") {
+        return;
+    }
+    // Plain forwarding: no retransmission, so the bytes traced are the
+    // bytes sent.
+    let mut lab = a_lab(lab::Mode::Off, 1, 64 << 20);
+    let (first, rx) = record(&lab, &["--json", "--quiet"]);
+    said(&rx, "tracing TCP received on");
+    let (second, rx2) = record(&lab, &["--json", "--quiet"]);
+    let out = second.wait_with_output().unwrap();
+    let line = said(&rx2, "tracer:");
+    assert_eq!(out.status.code(), Some(2), "{line}");
+    assert!(
+        line.contains("another tracer (XDP program tag_rx, id "),
+        "{line}"
+    );
+    assert!(line.contains("the tracer does not replace it"), "{line}");
+    // The first still traces: an upload after the second gave up.
+    lab.start_upload().unwrap();
+    while !lab.finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent: u64 = lab.finish().unwrap().flows.iter().map(|f| f.sent).sum();
+    signal(&first, libc::SIGINT);
+    let done = first.wait_with_output().unwrap();
+    drop(lab);
+    assert_eq!(done.status.code(), Some(0));
+    let r: Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(
+        u(&r["totals"]["payload_bytes"]),
+        sent,
+        "every byte sent was traced"
+    );
 }

@@ -269,6 +269,25 @@ pub(crate) fn if_index(name: &str) -> Option<u32> {
     (index != 0).then_some(index)
 }
 
+/// The XDP program attached to `ifindex` in the current namespace (id,
+/// name), as `ip -d link` reports it.
+fn attached_xdp(ifindex: u32) -> Option<(u64, String)> {
+    let out = std::process::Command::new("ip")
+        .args(["-d", "-j", "link", "show"])
+        .output()
+        .ok()?;
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    let link = links
+        .as_array()?
+        .iter()
+        .find(|l| l["ifindex"].as_u64() == Some(u64::from(ifindex)))?;
+    let prog = &link["xdp"]["prog"];
+    Some((
+        prog["id"].as_u64()?,
+        prog["name"].as_str().unwrap_or("").to_string(),
+    ))
+}
+
 fn attach_xdp(xdp: &mut Xdp, ifindex: u32, opts: &TracerOptions) -> Result<AttachedMode> {
     let try_mode = |xdp: &mut Xdp, mode: AttachedMode| -> Result<(), ProgramError> {
         let flags = match mode {
@@ -290,7 +309,14 @@ fn attach_xdp(xdp: &mut Xdp, ifindex: u32, opts: &TracerOptions) -> Result<Attac
             ))
             .into(),
             Some(libc::EBUSY | libc::EEXIST) => SetupError::Environment(format!(
-                "another XDP program is attached to {iface} (see `ip -d link show {iface}`); the tracer does not replace it"
+                "{} is attached to {iface} (see `ip -d link show {iface}`); the tracer does not replace it",
+                attached_xdp(ifindex).map_or("another XDP program".to_string(), |(id, name)| {
+                    if name == "tag_rx" {
+                        format!("another tracer (XDP program {name}, id {id})")
+                    } else {
+                        format!("another XDP program ({name}, id {id})")
+                    }
+                })
             ))
             .into(),
             _ => anyhow::Error::new(e).context(format!("attaching XDP ({mode}) to {iface}")),
