@@ -40,9 +40,14 @@ fn a_lab(mode: lab::Mode, flows: usize, bytes: u64) -> Lab {
 
 /// `tracer record ARGS` on the lab's server interface; its stderr lines.
 fn record(lab: &Lab, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    record_cmd(lab, "record", args)
+}
+
+/// The same with `record` or `live` (without a terminal: progress lines).
+fn record_cmd(lab: &Lab, cmd: &str, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(BIN)
         .args([
-            "record",
+            cmd,
             "--iface",
             lab::SERVER_IF,
             "--netns",
@@ -246,4 +251,134 @@ fn a_second_tracer_on_the_same_interface_says_so_and_leaves_the_first_alone() {
         sent,
         "every byte sent was traced"
     );
+}
+
+/// Waits until none of the lab's or the tracer's programs is loaded and no
+/// namespace of process `pid` exists; what is left after 5 s.
+fn leftovers(pid: u32) -> (Vec<String>, Vec<(u32, String)>) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ns: Vec<String> = lab::lab_namespaces()
+            .into_iter()
+            .filter(|n| n.starts_with(&format!("tracer-lab-{pid}-")))
+            .collect();
+        let mut progs = kernel::loaded_tracer_programs();
+        progs.extend(kernel::loaded_programs(&lab::EDGE_PROGRAM_NAMES));
+        if (ns.is_empty() && progs.is_empty()) || Instant::now() > deadline {
+            return (ns, progs);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `tracer lab` until its namespaces exist and its upload runs.
+fn lab_running(extra: &[&str]) -> Child {
+    let child = Command::new(BIN)
+        .args([
+            "lab",
+            "--json",
+            "--quiet",
+            "--bytes",
+            "1G",
+            "--duration",
+            "8",
+        ])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tracer lab");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let prefix = format!("tracer-lab-{}-", child.id());
+    while !lab::lab_namespaces().iter().any(|n| n.starts_with(&prefix)) {
+        assert!(Instant::now() < deadline, "the lab never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Attached, uploading.
+    std::thread::sleep(Duration::from_millis(1500));
+    child
+}
+
+/// SIGKILL gives `tracer lab` no chance to clean up: its janitor (a child
+/// waiting on a pipe only the lab held) deletes the namespaces, and with
+/// them their links, programs and rules; the kernel drops the tracer's
+/// links with its file descriptors.
+#[test]
+fn sigkill_during_lab_leaves_no_namespace_or_program() {
+    if !root_or_skip("sigkill_during_lab_leaves_no_namespace_or_program") {
+        return;
+    }
+    for mode in ["atr", "pattern"] {
+        let mut child = lab_running(&["--mode", mode]);
+        let pid = child.id();
+        signal(&child, libc::SIGKILL);
+        child.wait().unwrap();
+        let (ns, progs) = leftovers(pid);
+        assert!(ns.is_empty(), "{mode}: namespaces left: {ns:?}");
+        assert!(progs.is_empty(), "{mode}: programs left: {progs:?}");
+    }
+}
+
+/// SIGINT and SIGTERM in the middle of `lab`, `record` and `live` stop the
+/// run: the report comes, exit 0 (or 3 if the kernel lost events), and
+/// nothing of ours is left; a trace written so far reads whole.
+#[test]
+fn sigint_and_sigterm_mid_run_stop_cleanly() {
+    if !root_or_skip("sigint_and_sigterm_mid_run_stop_cleanly") {
+        return;
+    }
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let child = lab_running(&[]);
+        let pid = child.id();
+        signal(&child, sig);
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            matches!(out.status.code(), Some(0 | 3)),
+            "lab, signal {sig}: {stderr}"
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(u(&r["totals"]["segments"]) > 10_000);
+        let (ns, progs) = leftovers(pid);
+        assert!(
+            ns.is_empty() && progs.is_empty(),
+            "lab, signal {sig}: {ns:?} {progs:?}"
+        );
+    }
+    for (cmd, sig) in [("record", libc::SIGTERM), ("live", libc::SIGINT)] {
+        let file = temp(&format!("{cmd}.pcapng"));
+        let mut lab = a_lab(ATR, 1, 1 << 30);
+        let (child, rx) = record_cmd(
+            &lab,
+            cmd,
+            &["--json", "--quiet", "--out", file.to_str().unwrap()],
+        );
+        said(&rx, "tracing TCP received on");
+        lab.start_upload().unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        signal(&child, sig);
+        let out = child.wait_with_output().unwrap();
+        let pid = std::process::id();
+        drop(lab);
+        assert!(
+            matches!(out.status.code(), Some(0 | 3)),
+            "{cmd}, signal {sig}"
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let analyzed = Command::new(BIN)
+            .args(["analyze", "--json"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(
+            analyzed.status.code(),
+            Some(0),
+            "{cmd}: the trace reads whole"
+        );
+        let again: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
+        assert_eq!(again["totals"]["segments"], r["totals"]["segments"]);
+        let (ns, progs) = leftovers(pid);
+        assert!(ns.is_empty() && progs.is_empty(), "{cmd}: {ns:?} {progs:?}");
+    }
 }

@@ -22,6 +22,7 @@
 //! links, the programs attached to them and the iptables rules inside).
 
 mod edge;
+mod janitor;
 mod pattern;
 mod sender_acks;
 pub mod truth;
@@ -128,6 +129,9 @@ pub struct Topology {
     pub edge_ns: String,
     pub server_ns: String,
     pub queues: u32,
+    /// Deletes the namespaces if this process dies first (dropped after
+    /// `Drop` has deleted them).
+    _janitor: janitor::Janitor,
 }
 
 impl Topology {
@@ -142,11 +146,19 @@ impl Topology {
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let base = format!("{NS_PREFIX}{}-{id}", std::process::id());
+        let names = [
+            format!("{base}-client"),
+            format!("{base}-edge"),
+            format!("{base}-server"),
+        ];
+        let janitor = janitor::Janitor::spawn(&names.each_ref().map(String::as_str))?;
+        let [client_ns, edge_ns, server_ns] = names;
         let topo = Topology {
-            client_ns: format!("{base}-client"),
-            edge_ns: format!("{base}-edge"),
-            server_ns: format!("{base}-server"),
+            client_ns,
+            edge_ns,
+            server_ns,
             queues: opts.queues,
+            _janitor: janitor,
         };
         // From here on, Drop removes whatever was created.
         for ns in [&topo.client_ns, &topo.edge_ns, &topo.server_ns] {
