@@ -636,6 +636,7 @@ fn header(opts: &TracerOptions, o: &Outcome) -> String {
         StopReason::Duration => "duration reached".to_string(),
         StopReason::Signal(s) => s.to_string(),
         StopReason::Finished => "transfer finished".to_string(),
+        StopReason::InterfaceGone => "the interface went away".to_string(),
     };
     format!(
         "tracer: {:.1} s on {} ({stop})",
@@ -686,6 +687,13 @@ fn finish(outcome: &Outcome, out: &Output, json: bool) -> Result<ExitCode> {
                 return Err(anyhow!(failure));
             }
         }
+    }
+    if outcome.stop == StopReason::InterfaceGone {
+        // The report above covers what came before.
+        return Err(anyhow!(
+            "the traced interface went away after {:.1} s (deleted, or its network namespace was): tracing stopped there; the report covers what came before",
+            outcome.elapsed.as_secs_f64(),
+        ));
     }
     Ok(if outcome.counters.dropped() > 0 {
         ExitCode::from(3)

@@ -52,6 +52,8 @@ pub enum StopReason {
     Signal(&'static str),
     /// The caller's `until()` said so (e.g. the lab's transfer ended).
     Finished,
+    /// The traced interface, or its namespace, went away.
+    InterfaceGone,
 }
 
 pub struct RecordOptions<'a> {
@@ -120,6 +122,9 @@ pub fn run(
             }
         }
         if now >= last_tick + TICK {
+            if !tracer.interface_present() {
+                break StopReason::InterfaceGone;
+            }
             let counters = tracer.counters()?;
             for sink in sinks.iter_mut() {
                 sink.flush(&counters)?;

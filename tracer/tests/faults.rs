@@ -382,3 +382,61 @@ fn sigint_and_sigterm_mid_run_stop_cleanly() {
         assert!(ns.is_empty() && progs.is_empty(), "{cmd}: {ns:?} {progs:?}");
     }
 }
+
+/// The traced interface deleted mid-run, or its whole namespace: the
+/// tracer notices within a second, prints the report of what came before,
+/// says what happened in one line and exits 1; the trace reads whole.
+#[test]
+fn the_interface_or_its_namespace_going_away_ends_the_run_with_its_report() {
+    if !root_or_skip("the_interface_or_its_namespace_going_away_ends_the_run_with_its_report") {
+        return;
+    }
+    for how in ["link", "netns"] {
+        let file = temp(&format!("gone-{how}.pcapng"));
+        let mut lab = a_lab(ATR, 1, 1 << 30);
+        let (child, rx) = record(
+            &lab,
+            &["--json", "--quiet", "--out", file.to_str().unwrap()],
+        );
+        said(&rx, "tracing TCP received on");
+        lab.start_upload().unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        let ns = lab.topo.server_ns.clone();
+        match how {
+            "link" => lab::ip(&["-n", &ns, "link", "delete", lab::SERVER_IF]).map(drop),
+            _ => lab::ip(&["netns", "delete", &ns]).map(drop),
+        }
+        .unwrap();
+        let gone = Instant::now();
+        let out = child.wait_with_output().unwrap();
+        let noticed = gone.elapsed();
+        drop(lab);
+        let stderr = said(&rx, "tracer: ");
+        assert_eq!(out.status.code(), Some(1), "{how}: {stderr}");
+        assert!(
+            stderr.contains("the traced interface went away after"),
+            "{how}: {stderr}"
+        );
+        assert!(
+            noticed < Duration::from_secs(3),
+            "{how}: noticed after {noticed:?}"
+        );
+        let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let segments = u(&r["totals"]["segments"]);
+        assert!(segments > 10_000, "{how}: {segments}");
+        let analyzed = Command::new(BIN)
+            .args(["analyze", "--json"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(
+            analyzed.status.code(),
+            Some(0),
+            "{how}: the trace reads whole"
+        );
+        let again: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
+        assert_eq!(u(&again["totals"]["segments"]), segments);
+        eprintln!("{how} deleted: noticed in {noticed:?}, {segments} segments reported and kept");
+    }
+}

@@ -195,6 +195,16 @@ impl Tracer {
         })
     }
 
+    /// Whether the traced interface is still there: the same name with
+    /// the same index, in its namespace. False once it, or its namespace,
+    /// is gone (its XDP link then is detached: nothing more comes).
+    pub fn interface_present(&self) -> bool {
+        let Ok(_guard) = NetnsGuard::enter_opt(self.netns.as_deref()) else {
+            return false;
+        };
+        if_index(&self.iface) == Some(self.ifindex)
+    }
+
     pub fn ring(&mut self) -> &mut RingBuf<MapData> {
         &mut self.ring
     }
