@@ -63,7 +63,7 @@ pub struct PcapngWriter {
     clock_offset: i64,
     started_ns: u64,
     block: Vec<u8>,
-    /// The first write error and the file length before it; nothing more is
+    /// The first write error and the file's length then; nothing more is
     /// written after it (tracing goes on).
     failed: Option<(u64, std::io::Error)>,
 }
@@ -150,9 +150,8 @@ impl PcapngWriter {
     pub fn failure(&self) -> Option<String> {
         self.failed.as_ref().map(|(at, e)| {
             format!(
-                "writing {} failed at byte {at}: {e}; the file holds the {} packets before it",
+                "writing {} failed after {at} bytes: {e}; the file keeps what was written (`tracer analyze` reads it to its last whole block)",
                 self.path.display(),
-                self.packets
             )
         })
     }
@@ -262,12 +261,13 @@ impl PcapngWriter {
     }
 
     fn fail(&mut self, e: std::io::Error) {
+        // What reached the file (the buffer may have written part of itself).
+        let at = self.out.get_ref().metadata().map_or(self.written, |m| m.len());
         log::warn!(
-            "writing {} failed at byte {}: {e}; tracing goes on, the file keeps what was written",
+            "writing {} failed after {at} bytes: {e}; tracing goes on, the file keeps what was written",
             self.path.display(),
-            self.written
         );
-        self.failed = Some((self.written, e));
+        self.failed = Some((at, e));
     }
 
     fn check(&self) -> Result<()> {

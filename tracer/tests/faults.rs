@@ -440,3 +440,84 @@ fn the_interface_or_its_namespace_going_away_ends_the_run_with_its_report() {
         eprintln!("{how} deleted: noticed in {noticed:?}, {segments} segments reported and kept");
     }
 }
+
+/// A tmpfs of `bytes`, unmounted (and its directory removed) on drop.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn new(bytes: u64) -> Self {
+        let dir = temp("small-disk");
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={bytes}"),
+                "tracer-test",
+                dir.to_str().unwrap(),
+            ])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "mounting a tmpfs");
+        Self(dir)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The disk fills while a trace is written: tracing goes on to the end,
+/// the report is whole, one line says where the file stops and why
+/// (exit 1), and the file reads up to there.
+#[test]
+fn a_full_disk_stops_the_trace_not_the_tracing() {
+    if !root_or_skip("a_full_disk_stops_the_trace_not_the_tracing") {
+        return;
+    }
+    let disk = SmallDisk::new(4 << 20);
+    let file = disk.0.join("trace.pcapng");
+    let mut lab = a_lab(ATR, 1, 256 << 20);
+    let (child, rx) = record(
+        &lab,
+        &["--json", "--quiet", "--out", file.to_str().unwrap()],
+    );
+    said(&rx, "tracing TCP received on");
+    lab.start_upload().unwrap();
+    while !lab.finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.finish().unwrap();
+    signal(&child, libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    drop(lab);
+    let stderr = said(&rx, "tracer: ");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(stderr.contains("failed after "), "{stderr}");
+    assert!(stderr.contains("the file keeps what was written"), "{stderr}");
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let segments = u(&r["totals"]["segments"]);
+    let analyzed = Command::new(BIN)
+        .args(["analyze", "--json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let said_analyze = String::from_utf8_lossy(&analyzed.stderr).to_string();
+    assert!(
+        matches!(analyzed.status.code(), Some(0 | 1)),
+        "{said_analyze}"
+    );
+    let kept: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
+    let kept = u(&kept["totals"]["segments"]);
+    eprintln!(
+        "4 MiB disk: {kept} of {segments} segments kept; {}",
+        stderr.trim()
+    );
+    assert!(kept > 5_000 && kept < segments, "{kept} of {segments}");
+}
