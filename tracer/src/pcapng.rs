@@ -262,7 +262,11 @@ impl PcapngWriter {
 
     fn fail(&mut self, e: std::io::Error) {
         // What reached the file (the buffer may have written part of itself).
-        let at = self.out.get_ref().metadata().map_or(self.written, |m| m.len());
+        let at = self
+            .out
+            .get_ref()
+            .metadata()
+            .map_or(self.written, |m| m.len());
         log::warn!(
             "writing {} failed after {at} bytes: {e}; tracing goes on, the file keeps what was written",
             self.path.display(),

@@ -500,7 +500,10 @@ fn a_full_disk_stops_the_trace_not_the_tracing() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("No space left on device"), "{stderr}");
     assert!(stderr.contains("failed after "), "{stderr}");
-    assert!(stderr.contains("the file keeps what was written"), "{stderr}");
+    assert!(
+        stderr.contains("the file keeps what was written"),
+        "{stderr}"
+    );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     let segments = u(&r["totals"]["segments"]);
     let analyzed = Command::new(BIN)

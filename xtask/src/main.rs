@@ -249,6 +249,8 @@ fn bench() -> Result<ExitCode> {
         "analyze",
         "--bench",
         "xdp",
+        "--bench",
+        "lab",
     ]))?;
     Ok(ExitCode::SUCCESS)
 }

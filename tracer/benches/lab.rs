@@ -1,0 +1,133 @@
+//! What tracing costs a real upload (`cargo xtask bench`; root): the lab's
+//! kernel-TCP upload (4 flows, plain forwarding) with the tracer attached
+//! to the receiver and collecting, against the same upload without it,
+//! alternating runs in one process. Also the collector's CPU time per
+//! million segments (its thread's rusage) and the event rate it kept up
+//! with (dropped events counted).
+
+use std::time::{Duration, Instant};
+
+use tracer::{
+    engine::{Engine, EngineConfig},
+    kernel::{Tracer, TracerOptions},
+    lab::{self, Lab, LabSpec, Upload, UploadSpec},
+    record::{self, RecordOptions},
+};
+
+const ROUNDS: usize = 4;
+const FLOWS: usize = 4;
+const BYTES: u64 = 256 << 20;
+
+fn thread_cpu() -> Duration {
+    // SAFETY: a valid rusage to fill.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+struct Run {
+    mbit: f64,
+    /// (segments, events, dropped, collector CPU, seconds) when traced.
+    traced: Option<(u64, u64, u64, Duration, f64)>,
+}
+
+fn upload(traced: bool) -> Run {
+    let lab = Lab::create(&LabSpec::new(lab::Mode::Off, 4)).expect("lab");
+    let mut tracer = traced.then(|| {
+        let mut opts = TracerOptions::new(lab::SERVER_IF);
+        opts.netns = Some(lab.topo.server_ns.clone());
+        Tracer::attach(&opts).expect("attach")
+    });
+    let spec = UploadSpec {
+        flows: FLOWS,
+        bytes_per_flow: BYTES,
+        port: lab::SERVER_PORT,
+        ipv6: false,
+        timeout: Duration::from_secs(10),
+        pacing: None,
+    };
+    let start = Instant::now();
+    let up = Upload::start(&lab.topo, &spec).expect("upload");
+    let traced = tracer.as_mut().map(|t| {
+        let mut engine = Engine::new(EngineConfig::default());
+        let cpu = thread_cpu();
+        let o = record::run(
+            t,
+            &mut engine,
+            &mut [],
+            || up.finished(),
+            RecordOptions {
+                duration: Some(Duration::from_secs(15)),
+                progress: false,
+                live: None,
+                metrics: None,
+            },
+        )
+        .expect("collect");
+        let cpu = thread_cpu() - cpu;
+        (
+            engine.live().segments,
+            o.received,
+            o.counters.dropped(),
+            cpu,
+            o.elapsed.as_secs_f64(),
+        )
+    });
+    let results = up.join().expect("upload");
+    let secs = start.elapsed().as_secs_f64();
+    let bytes: u64 = results.iter().map(|r| r.received).sum();
+    assert_eq!(bytes, FLOWS as u64 * BYTES, "the whole upload arrived");
+    Run {
+        mbit: bytes as f64 * 8.0 / secs / 1e6,
+        traced,
+    }
+}
+
+fn main() {
+    // SAFETY: no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("lab benchmark: skipped: needs root (namespaces, the tracer)");
+        return;
+    }
+    let mut plain = Vec::new();
+    let mut traced = Vec::new();
+    for _ in 0..ROUNDS {
+        plain.push(upload(false));
+        traced.push(upload(true));
+    }
+    let mean = |v: &[Run]| v.iter().map(|r| r.mbit).sum::<f64>() / v.len() as f64;
+    let list = |v: &[Run]| {
+        v.iter()
+            .map(|r| format!("{:.0}", r.mbit))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let (p, t) = (mean(&plain), mean(&traced));
+    println!(
+        "lab benchmark: {FLOWS} x {} MiB kernel-TCP upload through the lab, {ROUNDS} runs each, alternating",
+        BYTES >> 20
+    );
+    println!("  without the tracer  {p:>7.0} Mbit/s ({})", list(&plain));
+    println!("  with the tracer     {t:>7.0} Mbit/s ({})", list(&traced));
+    let ratio = t / p;
+    println!(
+        "  traced/untraced     {ratio:>7.3} (target >= 0.97: {})",
+        if ratio >= 0.97 { "met" } else { "NOT met" }
+    );
+    let (mut segs, mut events, mut dropped, mut cpu, mut secs) = (0, 0, 0, Duration::ZERO, 0.0);
+    for (s, e, d, c, t) in traced.iter().filter_map(|r| r.traced) {
+        (segs, events, dropped, cpu, secs) = (segs + s, events + e, dropped + d, cpu + c, secs + t);
+    }
+    println!(
+        "  collector           {:.0} ms CPU per million segments ({:.0} per million events); {:.0}% of one core",
+        cpu.as_secs_f64() * 1e3 / (segs as f64 / 1e6),
+        cpu.as_secs_f64() * 1e3 / (events as f64 / 1e6),
+        cpu.as_secs_f64() / secs * 100.0
+    );
+    println!(
+        "  event rate          {:.0} events/s kept up with ({} dropped; the most this 2-core lab sends)",
+        events as f64 / secs,
+        dropped
+    );
+}
