@@ -477,6 +477,17 @@ fn a_killed_lab_is_cleaned_by_the_next_run() {
     }
     let (mut child, _stderr) = start_long_lab(Stdio::null());
     std::thread::sleep(Duration::from_millis(500));
+    // Its janitor too (which would otherwise delete the namespaces), as a
+    // crash of the whole machine would: the next run must clean up.
+    let children = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .collect::<String>();
+    for pid in children.split_whitespace() {
+        let pid: i32 = pid.parse().unwrap();
+        // SAFETY: plain kill(2) on the lab's child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
     child.kill().unwrap(); // SIGKILL: no destructor runs
     child.wait().unwrap();
     assert_eq!(

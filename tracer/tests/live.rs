@@ -171,8 +171,10 @@ fn without_a_terminal_live_prints_progress_and_the_report() {
             "--live",
             "--flows",
             "1",
+            // (Longer than a second, for a progress line: the duration
+            // bounds it.)
             "--bytes",
-            "256M",
+            "2G",
             "--duration",
             "3",
         ])

@@ -139,6 +139,7 @@ impl Tracer {
         let mut ebpf = EbpfLoader::new()
             .override_global("KERNEL_OFFSETS", &offsets, true)
             .override_global("CAPTURE_SNAPLEN", &opts.snaplen, true)
+            .override_global("WAKEUP_BYTES", &(opts.ring_bytes / 8), true)
             .map_max_entries("EVENTS", opts.ring_bytes)
             .load(crate::EBPF_OBJECT)
             .context("loading the eBPF object")?;
