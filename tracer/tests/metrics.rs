@@ -147,9 +147,16 @@ fn metrics_move_during_an_upload_and_agree_with_the_report() {
     unsafe { libc::kill(record.id() as i32, libc::SIGINT) };
     let out = record.wait_with_output().unwrap();
     drop(lab);
-    assert_eq!(out.status.code(), Some(0));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let t = &report["totals"];
+    // 3: the kernel lost events (counted; compared below).
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "{:?}: {}",
+        out.status,
+        report["kernel"]
+    );
+    eprintln!("kernel: {}", report["kernel"]);
 
     let m = |k: &str| *last.get(k).unwrap_or_else(|| panic!("no {k} in {body}"));
     eprintln!(
