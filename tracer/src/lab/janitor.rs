@@ -52,6 +52,9 @@ impl Janitor {
             // SAFETY: the child: dup2, open, close_range, setpgid, read,
             // execv and _exit only.
             unsafe {
+                // The write end first: kept open here, it would hold off
+                // the end of file this child waits for.
+                libc::close(write.as_raw_fd());
                 libc::dup2(read.as_raw_fd(), 0);
                 let null = libc::open(devnull.as_ptr(), libc::O_RDWR);
                 libc::dup2(null, 1);
