@@ -67,6 +67,31 @@ pub const OPT_VLAN: u8 = 0x02;
 /// [`SegmentEvent::options`] bit: the IPv4 More-Fragments flag was set (first
 /// fragment; later fragments carry no TCP header and are only counted).
 pub const OPT_FIRST_FRAGMENT: u8 = 0x04;
+/// [`SegmentEvent::options`] bit (summary mode): emitted because its data
+/// starts below the flow's highest sequence seen (late, or resent).
+pub const OPT_BELOW_HIGH: u8 = 0x08;
+/// ... because it starts above it (it opened a hole).
+pub const OPT_JUMP: u8 = 0x10;
+/// ... because it arrived on another RX queue or CPU than the flow's last.
+pub const OPT_MOVED: u8 = 0x20;
+/// ... as one of the sample of the rest (or a SYN, FIN or RST).
+pub const OPT_SAMPLED: u8 = 0x40;
+
+/// Summary mode: what XDP keeps per flow (an LRU map, `FLOW_STATE`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowSummary {
+    /// One past the highest data byte seen.
+    pub high_end: u32,
+    pub queue: u32,
+    pub cpu: u32,
+    pub _pad: u32,
+    /// Segments seen (emitted or not).
+    pub segments: u64,
+}
+
+/// Flows summary mode follows at once (least recently seen evicted).
+pub const SUMMARY_FLOWS: u32 = 65_536;
 
 /// A TCP segment as XDP saw it on the receiving interface.
 #[repr(C)]
@@ -219,8 +244,11 @@ pub mod counter {
     /// Captured segments whose frame bytes could not be copied (emitted
     /// without them).
     pub const XDP_CAPTURE_FAILED: u32 = 21;
+    /// Summary mode: segments counted per flow in the kernel and not
+    /// emitted (in order, same queue and CPU, not sampled).
+    pub const XDP_SUMMARIZED: u32 = 22;
     /// Number of counters.
-    pub const COUNT: u32 = 22;
+    pub const COUNT: u32 = 23;
 }
 
 /// Filter switches, in [`FilterConfig::flags`].

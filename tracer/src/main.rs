@@ -64,6 +64,13 @@ struct TraceArgs {
     /// Ring buffer size in MiB (a power of two).
     #[arg(long, default_value_t = DEFAULT_RING_BYTES >> 20)]
     ring_mib: u32,
+    /// Summary mode, for 10-100 GbE hosts: XDP keeps per-flow state and
+    /// emits only segments that arrive below or above the flow's highest
+    /// byte, change RX queue or CPU, and one in N of the rest; everything
+    /// is counted. Reorder counts and verdicts hold; extents and densities
+    /// see the emitted segments only.
+    #[arg(long, value_name = "N")]
+    summary: Option<u32>,
     /// Write the trace to FILE (mode 0600): FILE.pcapng for Wireshark,
     /// tshark and `tracer analyze` (every segment's headers, its RX queue
     /// and CPU, the TCP-layer events, the kernel's counters); FILE.jsonl
@@ -321,6 +328,16 @@ fn seconds(flag: &str, secs: f64) -> Result<Duration, SetupError> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+fn summary(trace: &TraceArgs) -> Result<u32, SetupError> {
+    match trace.summary {
+        None => Ok(0),
+        Some(n @ 1..=1_000_000) => Ok(n),
+        Some(n) => Err(SetupError::BadArgument(format!(
+            "--summary {n}: give the sample, 1 (every segment the flow state keeps) to 1000000"
+        ))),
+    }
+}
+
 fn ring_bytes(mib: u32) -> Result<u32, SetupError> {
     match mib.checked_mul(1 << 20) {
         Some(b) if mib.is_power_of_two() => Ok(b),
@@ -496,6 +513,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         filter,
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
+        summary_sample: summary(&args.trace)?,
         snaplen: 0,
     };
     let mut engine = args.trace.report.engine()?;
@@ -889,6 +907,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         filter: Filter::default(),
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
+        summary_sample: summary(&args.trace)?,
         snaplen: out.file.snaplen(&args.trace),
     };
     let mut tracer = Tracer::attach(&opts)?;

@@ -441,6 +441,14 @@ fn kernel_lines(out: &mut String, counters: &Counters) {
     } else {
         let _ = writeln!(out, "  dropped    0 events");
     }
+    let summarized = counters.get(counter::XDP_SUMMARIZED);
+    if summarized > 0 {
+        let _ = writeln!(
+            out,
+            "  summary    {summarized} of {} segments counted in the kernel only (summary mode): reorder counts and verdicts hold; extents, late times' spread and densities see the emitted segments",
+            counters.get(counter::XDP_TCP)
+        );
+    }
     let (probe_lost, rtx_lost) = (counters.probe_lost(), counters.rtx_lost());
     if probe_lost + rtx_lost > 0 {
         let hits = counters.get(counter::PROBE_SEEN) + probe_lost;

@@ -648,3 +648,86 @@ fn replay_predictions_agree_with_the_linux_senders() {
         assert_clean();
     }
 }
+
+/// Summary mode (`--summary N`): XDP keeps per-flow state and emits only
+/// segments that start below or above the flow's highest byte, that moved
+/// queue or CPU, and a sample. The reorder counts hold against the
+/// pattern's exact truth and against the ATR edge as in full mode, the
+/// verdicts and migrations too, while most segments never leave the
+/// kernel, every one counted.
+#[test]
+fn summary_mode_keeps_the_reorder_counts_and_verdicts() {
+    if !root_or_skip("summary_mode_keeps_the_reorder_counts_and_verdicts") {
+        return;
+    }
+    let accounted = |r: &Value| {
+        let k = &r["kernel"];
+        assert_eq!(
+            u(&k["xdp_events"]) + u(&k["xdp_summarized"]) + u(&k["xdp_dropped"]),
+            u(&k["xdp_tcp_segments"]) - u(&k["xdp_filtered"]),
+            "every segment emitted, summarized or dropped"
+        );
+        let share = u(&k["xdp_summarized"]) as f64 / u(&k["xdp_tcp_segments"]) as f64;
+        assert!(share > 0.5, "summarized {share:.2}");
+        share
+    };
+    // Pattern: every 40th data segment swapped with the next, one queue.
+    let r = lab_json(&[
+        "--mode",
+        "pattern",
+        "--pattern",
+        "swap:40",
+        "--flows",
+        "1",
+        "--bytes",
+        "16M",
+        "--summary",
+        "16",
+    ]);
+    let held = r["lab"]["edge"]["pattern"]["held"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| {
+            u(&h["passed_segments"]) > 0 && h["retransmission"] == false && h["superseded"] == false
+        })
+        .count() as u64;
+    let share = accounted(&r);
+    eprintln!(
+        "summary, pattern swap:40: {held} held and overtaken, tracer {} reordered; {:.0}% summarized",
+        r["totals"]["reordered"],
+        share * 100.0
+    );
+    assert!(held > 100);
+    assert!(within(u(&r["totals"]["reordered"]), held, 0.01));
+    // ATR: as the full-mode test, per flow against the edge.
+    let r = lab_json(&[
+        "--mode",
+        "atr",
+        "--flows",
+        "2",
+        "--bytes",
+        "128M",
+        "--summary",
+        "16",
+    ]);
+    let share = accounted(&r);
+    for (f, truth, _) in flows(&r) {
+        let (found, late) = (u(&f["reordered"]), u(&truth["late"]));
+        let (qm, qc) = (u(&f["queue_migrations"]), u(&truth["queue_changes"]));
+        eprintln!(
+            "summary, atr: tracer {found} reordered, edge {late} late; queue migrations {qm} vs {qc}; {:.0}% summarized",
+            share * 100.0
+        );
+        assert_eq!(f["verdict"], "nic-steering", "{}", f["evidence"]);
+        let decided_or_not = found + u(&f["ambiguous"]);
+        assert!(
+            decided_or_not >= late * 7 / 10 && decided_or_not <= late + late / 20,
+            "tracer {found} vs edge {late}"
+        );
+        assert!(
+            qm.abs_diff(qc) <= 5.max(qc / 3),
+            "queue migrations {qm} vs {qc}"
+        );
+    }
+}

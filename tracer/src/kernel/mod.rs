@@ -67,6 +67,10 @@ pub struct TracerOptions {
     /// Attach `tag_rx` (XDP) too; without it only the TCP tracepoints
     /// report, and the interface's receive path stays as it was.
     pub xdp: bool,
+    /// Summary mode: 0 off; N: XDP emits only segments that start below or
+    /// above their flow's highest byte, changed queue or CPU, and one in N
+    /// of the rest (all counted: `xdp_summarized`).
+    pub summary_sample: u32,
     /// Frame bytes XDP copies with each segment (for a pcapng trace): 0
     /// none; else the headers, or this many bytes if more (at most
     /// [`tracer_common::CAPTURE_MAX`]).
@@ -82,6 +86,7 @@ impl TracerOptions {
             filter: Filter::default(),
             ring_bytes: DEFAULT_RING_BYTES,
             xdp: true,
+            summary_sample: 0,
             snaplen: 0,
         }
     }
@@ -139,6 +144,7 @@ impl Tracer {
         let mut ebpf = EbpfLoader::new()
             .override_global("KERNEL_OFFSETS", &offsets, true)
             .override_global("CAPTURE_SNAPLEN", &opts.snaplen, true)
+            .override_global("SUMMARY_SAMPLE", &opts.summary_sample, true)
             .override_global("WAKEUP_BYTES", &(opts.ring_bytes / 8), true)
             .map_max_entries("EVENTS", opts.ring_bytes)
             .load(crate::EBPF_OBJECT)
@@ -538,4 +544,5 @@ pub const COUNTER_NAMES: [&str; counter::COUNT as usize] = [
     "probe_first_copy_runs",
     "retransmit_first_copy_runs",
     "xdp_capture_failed",
+    "xdp_summarized",
 ];
