@@ -1,9 +1,10 @@
 //! What tracing costs a real upload (`cargo xtask bench`; root): the lab's
 //! kernel-TCP upload (4 flows, plain forwarding) with the tracer attached
 //! to the receiver and collecting, against the same upload without it,
-//! alternating runs in one process. Also the collector's CPU time per
-//! million segments (its thread's rusage) and the event rate it kept up
-//! with (dropped events counted).
+//! alternating runs in one process, and with the tracer in summary mode.
+//! Also the collector's CPU time per million segments in full mode (its
+//! thread's rusage) and the event rate it kept up with (dropped events
+//! counted).
 
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,8 @@ use tracer::{
 const ROUNDS: usize = 4;
 const FLOWS: usize = 4;
 const BYTES: u64 = 256 << 20;
+/// Summary mode's sample in the third set of runs.
+const SUMMARY: u32 = 64;
 
 fn thread_cpu() -> Duration {
     // SAFETY: a valid rusage to fill.
@@ -32,11 +35,13 @@ struct Run {
     traced: Option<(u64, u64, u64, Duration, f64)>,
 }
 
-fn upload(traced: bool) -> Run {
+/// `traced`: the tracer attached, with this summary-mode sample (0: full).
+fn upload(traced: Option<u32>) -> Run {
     let lab = Lab::create(&LabSpec::new(lab::Mode::Off, 4)).expect("lab");
-    let mut tracer = traced.then(|| {
+    let mut tracer = traced.map(|summary| {
         let mut opts = TracerOptions::new(lab::SERVER_IF);
         opts.netns = Some(lab.topo.server_ns.clone());
+        opts.summary_sample = summary;
         Tracer::attach(&opts).expect("attach")
     });
     let spec = UploadSpec {
@@ -90,11 +95,11 @@ fn main() {
         println!("lab benchmark: skipped: needs root (namespaces, the tracer)");
         return;
     }
-    let mut plain = Vec::new();
-    let mut traced = Vec::new();
+    let (mut plain, mut traced, mut summary) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        plain.push(upload(false));
-        traced.push(upload(true));
+        plain.push(upload(None));
+        traced.push(upload(Some(0)));
+        summary.push(upload(Some(SUMMARY)));
     }
     let mean = |v: &[Run]| v.iter().map(|r| r.mbit).sum::<f64>() / v.len() as f64;
     let list = |v: &[Run]| {
@@ -103,18 +108,24 @@ fn main() {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let (p, t) = (mean(&plain), mean(&traced));
+    let (p, t, sm) = (mean(&plain), mean(&traced), mean(&summary));
     println!(
         "lab benchmark: {FLOWS} x {} MiB kernel-TCP upload through the lab, {ROUNDS} runs each, alternating",
         BYTES >> 20
     );
     println!("  without the tracer  {p:>7.0} Mbit/s ({})", list(&plain));
     println!("  with the tracer     {t:>7.0} Mbit/s ({})", list(&traced));
-    let ratio = t / p;
     println!(
-        "  traced/untraced     {ratio:>7.3} (target >= 0.97: {})",
-        if ratio >= 0.97 { "met" } else { "NOT met" }
+        "  summary 1/{SUMMARY}        {sm:>7.0} Mbit/s ({})",
+        list(&summary)
     );
+    for (name, v) in [("traced/untraced", t), ("summary/untraced", sm)] {
+        let ratio = v / p;
+        println!(
+            "  {name:<19} {ratio:>7.3} (target >= 0.97: {})",
+            if ratio >= 0.97 { "met" } else { "NOT met" }
+        );
+    }
     let (mut segs, mut events, mut dropped, mut cpu, mut secs) = (0, 0, 0, Duration::ZERO, 0.0);
     for (s, e, d, c, t) in traced.iter().filter_map(|r| r.traced) {
         (segs, events, dropped, cpu, secs) = (segs + s, events + e, dropped + d, cpu + c, secs + t);
