@@ -89,6 +89,10 @@ fn bad_input_gets_one_line_and_exit_2() {
             "name the file FILE.pcapng",
         ),
         (
+            &["record", "--iface", "lo", "--summary", "0"],
+            "--summary 0: give the sample, 1",
+        ),
+        (
             &["record", "--iface", "lo", "--metrics-addr", "localhost"],
             "--metrics-addr localhost: give a port (loopback) or ADDRESS:PORT",
         ),
