@@ -71,6 +71,11 @@ struct TraceArgs {
     /// see the emitted segments only.
     #[arg(long, value_name = "N")]
     summary: Option<u32>,
+    /// Leave out the TCP-layer view (the tcp_probe tracepoint, which runs
+    /// for every TCP segment the host receives): cheaper; no TCP-layer
+    /// counts, PAWS or ACK-level replay.
+    #[arg(long)]
+    no_tcp_layer: bool,
     /// Write the trace to FILE (mode 0600): FILE.pcapng for Wireshark,
     /// tshark and `tracer analyze` (every segment's headers, its RX queue
     /// and CPU, the TCP-layer events, the kernel's counters); FILE.jsonl
@@ -513,6 +518,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         filter,
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
+        tcp_layer: !args.trace.no_tcp_layer,
         summary_sample: summary(&args.trace)?,
         snaplen: 0,
     };
@@ -907,6 +913,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         filter: Filter::default(),
         ring_bytes: ring_bytes(args.trace.ring_mib)?,
         xdp: true,
+        tcp_layer: !args.trace.no_tcp_layer,
         summary_sample: summary(&args.trace)?,
         snaplen: out.file.snaplen(&args.trace),
     };

@@ -700,8 +700,9 @@ fn summary_mode_keeps_the_reorder_counts_and_verdicts() {
     );
     assert!(held > 100);
     assert!(within(u(&r["totals"]["reordered"]), held, 0.01));
-    // ATR: as the full-mode test, per flow against the edge.
-    let r = lab_json(&[
+    // ATR: as the full-mode test, per flow against the edge; the second
+    // time without the TCP layer (tcp_probe loaded, not attached).
+    let atr = [
         "--mode",
         "atr",
         "--flows",
@@ -710,13 +711,28 @@ fn summary_mode_keeps_the_reorder_counts_and_verdicts() {
         "128M",
         "--summary",
         "16",
-    ]);
-    let share = accounted(&r);
-    for (f, truth, _) in flows(&r) {
+    ];
+    for extra in [&[][..], &["--no-tcp-layer"][..]] {
+        check_summary_atr(
+            &lab_json(&[&atr[..], extra].concat()),
+            &accounted,
+            !extra.is_empty(),
+        );
+    }
+}
+
+fn check_summary_atr(r: &Value, accounted: &dyn Fn(&Value) -> f64, no_tcp_layer: bool) {
+    let share = accounted(r);
+    if no_tcp_layer {
+        assert_eq!(u(&r["kernel"]["probe_first_copy_runs"]), 0);
+        assert_eq!(u(&r["totals"]["tcp_layer"]["events"]), 0);
+    }
+    for (f, truth, _) in flows(r) {
         let (found, late) = (u(&f["reordered"]), u(&truth["late"]));
         let (qm, qc) = (u(&f["queue_migrations"]), u(&truth["queue_changes"]));
         eprintln!(
-            "summary, atr: tracer {found} reordered, edge {late} late; queue migrations {qm} vs {qc}; {:.0}% summarized",
+            "summary, atr{}: tracer {found} reordered, edge {late} late; queue migrations {qm} vs {qc}; {:.0}% summarized",
+            if no_tcp_layer { ", no TCP layer" } else { "" },
             share * 100.0
         );
         assert_eq!(f["verdict"], "nic-steering", "{}", f["evidence"]);

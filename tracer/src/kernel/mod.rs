@@ -67,6 +67,11 @@ pub struct TracerOptions {
     /// Attach `tag_rx` (XDP) too; without it only the TCP tracepoints
     /// report, and the interface's receive path stays as it was.
     pub xdp: bool,
+    /// Attach the `tcp_probe` programs (the TCP-layer view: the order TCP
+    /// processed segments in, PAWS, the replay's ACK path). They run for
+    /// every TCP segment the host receives: in the lab bench, the larger
+    /// part of the tracer's cost to an upload.
+    pub tcp_layer: bool,
     /// Summary mode: 0 off; N: XDP emits only segments that start below or
     /// above their flow's highest byte, changed queue or CPU, and one in N
     /// of the rest (all counted: `xdp_summarized`).
@@ -86,6 +91,7 @@ impl TracerOptions {
             filter: Filter::default(),
             ring_bytes: DEFAULT_RING_BYTES,
             xdp: true,
+            tcp_layer: true,
             summary_sample: 0,
             snaplen: 0,
         }
@@ -165,8 +171,12 @@ impl Tracer {
                     .with_context(|| format!("program {name} is not tp_btf"))?;
                 prog.load(tracepoint, &aya_btf)
                     .with_context(|| format!("loading tp_btf/{tracepoint} ({name})"))?;
-                prog.attach()
-                    .with_context(|| format!("attaching tp_btf/{tracepoint} ({name})"))?;
+                // (Without the TCP layer, tcp_probe is loaded, not attached:
+                // its counters stay zero.)
+                if opts.tcp_layer || tracepoint != "tcp_probe" {
+                    prog.attach()
+                        .with_context(|| format!("attaching tp_btf/{tracepoint} ({name})"))?;
+                }
                 if copy == 0 {
                     first_copies.push(prog.fd()?.as_fd().try_clone_to_owned()?);
                 }
