@@ -148,9 +148,11 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
             "{key}: capture {a}, live {b} ({expected:.0} in the {covered:.3} tcpdump covered)"
         );
         // tcpdump's tap sees the packets after XDP, from two CPUs: the
-        // order can differ by a few segments.
+        // order can differ by a few segments. Its late start misses at
+        // most the start's share (fewer, in slow start).
+        let (a, b) = (a as f64, b as f64);
         assert!(
-            (a as f64 - expected).abs() <= 0.05 * b as f64,
+            a <= b * 1.05 && a >= expected - 0.05 * b,
             "{key}: capture {a} vs live {b} x {covered:.3}"
         );
     }
@@ -186,7 +188,13 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
     // Cut short in the middle: what came before is analysed, then one line
     // says where the file ends, and the exit status is 1.
     let bytes = std::fs::read(&pcap).unwrap();
-    std::fs::write(&pcap, &bytes[..bytes.len() / 2 + 7]).unwrap();
+    // Inside the record header after the middle (a cut at a record's
+    // boundary would be a clean end): walk the records' lengths.
+    let mut at = 24;
+    while at < bytes.len() / 2 {
+        at += 16 + u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+    }
+    std::fs::write(&pcap, &bytes[..at + 7]).unwrap();
     let out = analyze(&pcap);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let _ = std::fs::remove_file(&pcap);
