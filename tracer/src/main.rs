@@ -441,11 +441,12 @@ impl Output {
     /// Once attached: the file is emptied and the writer starts (pcapng:
     /// its headers, naming the traced interface).
     fn begin(&mut self, tracer: &Tracer, trace: &TraceArgs) -> Result<()> {
-        let Self::Pending { .. } = self else {
-            return Ok(());
-        };
-        let Self::Pending { file, pcapng } = std::mem::replace(self, Self::None) else {
-            unreachable!("pending");
+        let (file, pcapng) = match std::mem::replace(self, Self::None) {
+            Self::Pending { file, pcapng } => (file, pcapng),
+            other => {
+                *self = other;
+                return Ok(());
+            }
         };
         let path = file.path().to_path_buf();
         let started = file.start().map_err(|e| SetupError::BadOutput {

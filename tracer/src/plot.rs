@@ -208,11 +208,17 @@ fn flow_chart(
     r: &crate::snapshot::FlowReport,
     color: ColorBy,
 ) -> Result<()> {
-    let thinned = if s.stride > 1 {
+    let mut thinned = if s.stride > 1 {
         format!("; every {}th in-order segment drawn", s.stride)
     } else {
         String::new()
     };
+    if s.marked_dropped > 0 {
+        thinned += &format!(
+            "; {} late segments past the first {MAX_MARKED} not drawn",
+            s.marked_dropped
+        );
+    }
     let caption = format!(
         "{flow}: {}, {} of {} data segments reordered, {} retransmitted, {} queue migrations{thinned}",
         r.verdict,

@@ -87,6 +87,26 @@ fn signal(child: &Child, sig: i32) {
     unsafe { libc::kill(child.id() as i32, sig) };
 }
 
+/// `tracer analyze --json` on our trace, which must read whole (exit 0);
+/// its segments. The file is removed.
+fn analyzed_segments(file: &Path) -> u64 {
+    let out = Command::new(BIN)
+        .args(["analyze", "--json"])
+        .arg(file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(file);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}: the trace reads whole: {}",
+        file.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    u(&r["totals"]["segments"])
+}
+
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
@@ -365,19 +385,11 @@ fn sigint_and_sigterm_mid_run_stop_cleanly() {
             "{cmd}, signal {sig}"
         );
         let r: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let analyzed = Command::new(BIN)
-            .args(["analyze", "--json"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_file(&file);
         assert_eq!(
-            analyzed.status.code(),
-            Some(0),
-            "{cmd}: the trace reads whole"
+            analyzed_segments(&file),
+            u(&r["totals"]["segments"]),
+            "{cmd}"
         );
-        let again: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
-        assert_eq!(again["totals"]["segments"], r["totals"]["segments"]);
         let (ns, progs) = leftovers(pid);
         assert!(ns.is_empty() && progs.is_empty(), "{cmd}: {ns:?} {progs:?}");
     }
@@ -424,19 +436,7 @@ fn the_interface_or_its_namespace_going_away_ends_the_run_with_its_report() {
         let r: Value = serde_json::from_slice(&out.stdout).unwrap();
         let segments = u(&r["totals"]["segments"]);
         assert!(segments > 10_000, "{how}: {segments}");
-        let analyzed = Command::new(BIN)
-            .args(["analyze", "--json"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let _ = std::fs::remove_file(&file);
-        assert_eq!(
-            analyzed.status.code(),
-            Some(0),
-            "{how}: the trace reads whole"
-        );
-        let again: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
-        assert_eq!(u(&again["totals"]["segments"]), segments);
+        assert_eq!(analyzed_segments(&file), segments, "{how}");
         eprintln!("{how} deleted: noticed in {noticed:?}, {segments} segments reported and kept");
     }
 }

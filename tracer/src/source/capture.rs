@@ -755,9 +755,7 @@ pub struct CaptureSummary {
     pub filtered: u64,
     /// Some packet carried its RX queue (pcapng `epb_queue`).
     pub queues: bool,
-    /// Kernel records (our traces: TCP-layer events) fed to the engine,
-    /// and those that did not decode.
-    pub records: u64,
+    /// Our traces' kernel records that did not decode.
     pub undecodable: u64,
     /// The kernel's final counters, from our trace's last statistics block.
     pub kernel: Option<Counters>,
@@ -791,7 +789,6 @@ pub fn feed<R: Read>(
                 if !keep(&obs.flow()) {
                     s.filtered += u64::from(segment);
                 } else {
-                    s.records += 1;
                     s.tcp += u64::from(segment);
                     if let (Some(c), Observation::Segment(seg)) = (engine.observe_obs(&obs), &obs) {
                         classified(seg, &c);
