@@ -77,20 +77,25 @@ pub const OPT_MOVED: u8 = 0x20;
 /// ... as one of the sample of the rest (or a SYN, FIN or RST).
 pub const OPT_SAMPLED: u8 = 0x40;
 
-/// Summary mode: what XDP keeps per flow (an LRU map, `FLOW_STATE`).
+/// Summary mode: what XDP keeps per flow (`FLOW_STATE`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowSummary {
+    /// The flow's hash (never 0; 0 is an empty slot).
+    pub tag: u64,
     /// One past the highest data byte seen.
     pub high_end: u32,
     pub queue: u32,
     pub cpu: u32,
-    pub _pad: u32,
-    /// Segments seen (emitted or not).
-    pub segments: u64,
+    /// Segments until the next one sampled.
+    pub to_sample: u32,
+    /// The CPU's frame count when the flow was last seen (which flow of a
+    /// set a new one replaces).
+    pub seen: u64,
 }
 
-/// Flows summary mode follows at once (least recently seen evicted).
+/// Flows summary mode follows at once (in sets of two; a new flow replaces
+/// the set's least recently seen).
 pub const SUMMARY_FLOWS: u32 = 65_536;
 
 /// A TCP segment as XDP saw it on the receiving interface.

@@ -5,7 +5,7 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 
-use crate::parse::{Frame, OptionBytes, MAX_TCP_OPTION_BYTES};
+use crate::parse::{Frame, Head, OptionBytes, MAX_TCP_OPTION_BYTES};
 
 /// The XDP packet as a [`Frame`]: every read is checked against
 /// `data_end`, which is also what the verifier needs.
@@ -30,34 +30,93 @@ impl XdpFrame {
 /// verifier's range tracking of computed offsets small.
 const MAX_HEADER_OFFSET: usize = 0x3fff;
 
+/// Sets `at` to `start + offset` and says whether `size` bytes from there
+/// are in the packet.
+#[inline(always)]
+fn check(start: usize, offset: usize, size: usize, end: usize) -> (usize, bool) {
+    let mut at = start + offset;
+    let in_bounds: u64;
+    // The check is written in assembly because LLVM otherwise turns
+    // `at + 1 > end` into `at >= end`, from which the verifier
+    // learns no readable range. The pointer read below is the
+    // register this check validated (hence `inout`).
+    // SAFETY: register moves, an add and a compare; no memory access.
+    unsafe {
+        core::arch::asm!(
+            "{last} = {at}",
+            "{last} += {size}",
+            "{ok} = 0",
+            "if {last} > {end} goto +1",
+            "{ok} = 1",
+            at = inout(reg) at,
+            last = out(reg) _,
+            ok = out(reg) in_bounds,
+            end = in(reg) end,
+            size = in(reg) size,
+        );
+    }
+    (at, in_bounds != 0)
+}
+
+/// The first `N` bytes of an XDP packet: a pointer the verifier has seen
+/// checked against `data_end` for `N` bytes.
+#[derive(Clone, Copy)]
+pub struct XdpHead<const N: usize>(usize);
+
+/// One load instruction of `$width` at constant offset `O` from the head.
+macro_rules! head_load {
+    ($head:expr, $width:literal) => {{
+        let v: u64;
+        // SAFETY: `O + size <= N` (checked at compile time), and the
+        // pointer was checked for N bytes.
+        unsafe {
+            core::arch::asm!(
+                concat!("{v} = *(", $width, " *)({p} + {o})"),
+                v = lateout(reg) v,
+                p = in(reg) $head.0,
+                o = const O,
+            )
+        };
+        v
+    }};
+}
+
+impl<const N: usize> Head<N> for XdpHead<N> {
+    #[inline(always)]
+    fn u8_at<const O: usize>(&self) -> u8 {
+        const { assert!(O < N) };
+        head_load!(self, "u8") as u8
+    }
+
+    #[inline(always)]
+    fn be16_at<const O: usize>(&self) -> u16 {
+        const { assert!(O + 2 <= N) };
+        u16::from_be(head_load!(self, "u16") as u16)
+    }
+
+    #[inline(always)]
+    fn be32_at<const O: usize>(&self) -> u32 {
+        const { assert!(O + 4 <= N) };
+        u32::from_be(head_load!(self, "u32") as u32)
+    }
+}
+
 impl Frame for XdpFrame {
+    type Head<const N: usize> = XdpHead<N>;
+
+    #[inline(always)]
+    fn head<const N: usize>(&self) -> Option<XdpHead<N>> {
+        let (at, ok) = check(self.start, 0, N, self.end);
+        ok.then_some(XdpHead(at))
+    }
+
     #[inline(always)]
     fn read<T: Copy>(&self, offset: usize) -> Option<T> {
         if offset > MAX_HEADER_OFFSET {
             return None;
         }
-        let mut at = self.start + offset;
-        let in_bounds: u64;
-        // The check is written in assembly because LLVM otherwise turns
-        // `at + 1 > end` into `at >= end`, from which the verifier
-        // learns no readable range. The pointer read below is the
-        // register this check validated (hence `inout`).
-        // SAFETY: register moves, an add and a compare; no memory access.
-        unsafe {
-            core::arch::asm!(
-                "{last} = {at}",
-                "{last} += {size}",
-                "{ok} = 0",
-                "if {last} > {end} goto +1",
-                "{ok} = 1",
-                at = inout(reg) at,
-                last = out(reg) _,
-                ok = out(reg) in_bounds,
-                end = in(reg) self.end,
-                size = const core::mem::size_of::<T>(),
-            );
-        }
-        if in_bounds == 0 {
+        let (at, ok) = check(self.start, offset, core::mem::size_of::<T>(), self.end);
+        if !ok {
             return None;
         }
         // SAFETY: [at, at + size) was checked against data_end above.
@@ -104,6 +163,14 @@ fn opaque(mut i: usize) -> usize {
 pub struct SkbFrame<'a>(pub &'a TcContext);
 
 impl Frame for SkbFrame<'_> {
+    /// A copy: the helper reads the bytes out of the socket buffer.
+    type Head<const N: usize> = [u8; N];
+
+    #[inline(always)]
+    fn head<const N: usize>(&self) -> Option<[u8; N]> {
+        self.0.load::<[u8; N]>(0).ok()
+    }
+
     #[inline(always)]
     fn read<T: Copy>(&self, offset: usize) -> Option<T> {
         if offset > MAX_HEADER_OFFSET {

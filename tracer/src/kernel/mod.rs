@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::{
-    maps::{lpm_trie::Key, lpm_trie::LpmTrie, Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, lpm_trie::LpmTrie, Array, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, ProgramError, Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
@@ -375,11 +375,11 @@ fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: 
     let mut flags = 0;
     if !filter.ports.is_empty() {
         flags |= FILTER_PORTS;
-        let mut ports: HashMap<_, u16, u8> =
-            HashMap::try_from(ebpf.map_mut("PORTS").context("no PORTS map")?)?;
+        let mut ports: Array<_, u8> =
+            Array::try_from(ebpf.map_mut("PORTS").context("no PORTS map")?)?;
         for &port in &filter.ports {
             ports
-                .insert(port, 1, 0)
+                .set(u32::from(port), 1, 0)
                 .context("setting the port filter")?;
         }
     }
