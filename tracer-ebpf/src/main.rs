@@ -25,7 +25,7 @@ mod programs {
     use aya_ebpf::{
         bindings::{xdp_action, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
-            bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
+            bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_skc_to_tcp_sock,
             bpf_xdp_get_buff_len, bpf_xdp_load_bytes,
         },
         macros::{btf_tracepoint, map, xdp},
@@ -428,14 +428,24 @@ mod programs {
         unsafe { bpf_probe_read_kernel(base.add(offset as usize).cast::<T>()) }
     }
 
+    /// A field of a kernel object whose type the verifier knows (a `tp_btf`
+    /// argument, or a struct pointer read from one), at an offset from
+    /// `KERNEL_OFFSETS` (read-only, so a constant to the verifier): one load
+    /// instruction, checked against the type's BTF when the program loads
+    /// and made fault-safe by the kernel. `read` costs a helper call.
+    #[inline(always)]
+    unsafe fn field<T: Copy>(base: *const u8, offset: u32) -> T {
+        unsafe { core::ptr::read_volatile(base.add(offset as usize).cast::<T>()) }
+    }
+
     /// Whether `sk` lives in the traced network namespace (0: any).
     #[inline(always)]
     unsafe fn in_netns(sk: *const u8, off: &KernelOffsets, inum: u32) -> Result<bool, i32> {
         if inum == 0 {
             return Ok(true);
         }
-        let net: *const u8 = unsafe { read(sk, off.sk_net)? };
-        Ok(unsafe { read::<u32>(net, off.net_inum)? } == inum)
+        let net: *const u8 = unsafe { field(sk, off.sk_net) };
+        Ok(unsafe { field::<u32>(net, off.net_inum) } == inum)
     }
 
     /// The socket's two ends; `remote_first` puts the peer in `saddr`.
@@ -446,21 +456,24 @@ mod programs {
         remote_first: bool,
     ) -> Result<FlowAddrs, i32> {
         let mut a = FlowAddrs::default();
-        let family: u16 = unsafe { read(sk, off.sk_family)? };
-        let remote_port = u16::from_be(unsafe { read(sk, off.sk_dport)? });
-        let local_port: u16 = unsafe { read(sk, off.sk_num)? };
+        let family: u16 = unsafe { field(sk, off.sk_family) };
+        let remote_port = u16::from_be(unsafe { field(sk, off.sk_dport) });
+        let local_port: u16 = unsafe { field(sk, off.sk_num) };
+        // In 32-bit words, as they sit in the socket.
+        let addr = |at: u32, words: u32| {
+            let mut a = [0u8; 16];
+            for i in 0..words {
+                let w: u32 = unsafe { field(sk, at + 4 * i) };
+                a[4 * i as usize..4 * i as usize + 4].copy_from_slice(&w.to_ne_bytes());
+            }
+            a
+        };
         let (remote, local) = if family == AF_INET6 {
             a.family = FAMILY_IPV6;
-            let remote: [u8; 16] = unsafe { read(sk, off.sk_v6_daddr)? };
-            let local: [u8; 16] = unsafe { read(sk, off.sk_v6_rcv_saddr)? };
-            (remote, local)
+            (addr(off.sk_v6_daddr, 4), addr(off.sk_v6_rcv_saddr, 4))
         } else if family == AF_INET {
             a.family = FAMILY_IPV4;
-            let mut remote = [0u8; 16];
-            let mut local = [0u8; 16];
-            remote[..4].copy_from_slice(&unsafe { read::<[u8; 4]>(sk, off.sk_daddr)? });
-            local[..4].copy_from_slice(&unsafe { read::<[u8; 4]>(sk, off.sk_rcv_saddr)? });
-            (remote, local)
+            (addr(off.sk_daddr, 1), addr(off.sk_rcv_saddr, 1))
         } else {
             return Err(-1);
         };
@@ -476,13 +489,13 @@ mod programs {
     /// `struct tcp_skb_cb`.
     #[inline(always)]
     unsafe fn skb_tcp_cb(skb: *const u8, off: &KernelOffsets) -> Result<(u32, u32, u32, u8), i32> {
-        let cb = unsafe { skb.add(off.skb_cb as usize) };
-        let seq = unsafe { read(cb, off.tcb_seq)? };
-        let end_seq = unsafe { read(cb, off.tcb_end_seq)? };
-        let ack_seq = unsafe { read(cb, off.tcb_ack_seq)? };
+        let cb = off.skb_cb;
+        let seq = unsafe { field(skb, cb + off.tcb_seq) };
+        let end_seq = unsafe { field(skb, cb + off.tcb_end_seq) };
+        let ack_seq = unsafe { field(skb, cb + off.tcb_ack_seq) };
         // tcp_flags is a u8 on older kernels and a u16 on newer ones; the
         // TCP header flag bits are the low byte either way (little endian).
-        let flags: u8 = unsafe { read(cb, off.tcb_tcp_flags)? };
+        let flags: u8 = unsafe { field(skb, cb + off.tcb_tcp_flags) };
         Ok((seq, end_seq, ack_seq, flags))
     }
 
@@ -616,7 +629,7 @@ mod programs {
         let skb: *const u8 = ctx.arg(1);
         let off = KERNEL_OFFSETS.load();
         let cfg = filter_config();
-        let iif: u32 = unsafe { read(skb, off.skb_iif)? };
+        let iif: u32 = unsafe { field(skb, off.skb_iif) };
         if cfg.ifindex != 0 && iif != cfg.ifindex {
             return Ok(None);
         }
@@ -628,10 +641,15 @@ mod programs {
             return Ok(None);
         }
         let (seq, end_seq, ack_seq, flags) = unsafe { skb_tcp_cb(skb, &off)? };
-        let head: *const u8 = unsafe { read(skb, off.skb_head)? };
-        let end: u32 = unsafe { read(skb, off.skb_end)? };
+        let head: *const u8 = unsafe { field(skb, off.skb_head) };
+        let end: u32 = unsafe { field(skb, off.skb_end) };
+        // Behind a byte pointer: no type for the verifier, so probe reads.
         let gso_segs = unsafe { read(head, end.wrapping_add(off.shinfo_gso_segs))? };
-        let (has_tsval, tsval) = unsafe { aligned_tsval(read(skb, off.skb_data)?)? };
+        let (has_tsval, tsval) = unsafe { aligned_tsval(field(skb, off.skb_data))? };
+        let tp = unsafe { bpf_skc_to_tcp_sock(sk as *mut _) } as *const u8;
+        if tp.is_null() {
+            return Err(-1);
+        }
         let control =
             u32::from(flags & tcp_flags::SYN != 0) + u32::from(flags & tcp_flags::FIN != 0);
         Ok(Some(ProbeEvent {
@@ -646,13 +664,13 @@ mod programs {
             seq,
             end_seq,
             ack_seq,
-            srtt_us: unsafe { read(sk, off.tp_srtt_us)? },
-            snd_cwnd: unsafe { read(sk, off.tp_snd_cwnd)? },
-            snd_una: unsafe { read(sk, off.tp_snd_una)? },
-            snd_nxt: unsafe { read(sk, off.tp_snd_nxt)? },
-            rcv_nxt: unsafe { read(sk, off.tp_rcv_nxt)? },
+            srtt_us: unsafe { field(tp, off.tp_srtt_us) },
+            snd_cwnd: unsafe { field(tp, off.tp_snd_cwnd) },
+            snd_una: unsafe { field(tp, off.tp_snd_una) },
+            snd_nxt: unsafe { field(tp, off.tp_snd_nxt) },
+            rcv_nxt: unsafe { field(tp, off.tp_rcv_nxt) },
             tsval,
-            ts_recent: unsafe { read(sk, off.tp_ts_recent)? },
+            ts_recent: unsafe { field(tp, off.tp_ts_recent) },
             has_tsval,
             ..ProbeEvent::default()
         }))
