@@ -22,26 +22,12 @@ use tracer_common::{counter, FilterConfig, KernelOffsets, FILTER_PORTS};
 const BATCH: u32 = 20_000;
 const ROUNDS: u32 = 60;
 
-/// Ethernet + IPv4 + TCP (NOP NOP timestamps) + `payload` bytes.
+#[path = "../tests/common/frames.rs"]
+mod frames;
+
+/// The benchmark's segment: one flow, `payload` bytes at sequence 1000.
 fn frame(payload: u16) -> Vec<u8> {
-    let mut f = vec![0u8; 14];
-    f[12] = 0x08;
-    let total: u16 = 20 + 32 + payload;
-    let mut ip = vec![
-        0x45, 0, 0, 0, 0, 7, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-    ];
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    f.extend(ip);
-    let mut tcp = vec![0u8; 32];
-    tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
-    tcp[2..4].copy_from_slice(&5201u16.to_be_bytes());
-    tcp[4..8].copy_from_slice(&1000u32.to_be_bytes());
-    tcp[12] = 8 << 4;
-    tcp[13] = 0x10;
-    tcp[20..24].copy_from_slice(&[1, 1, 8, 10]);
-    f.extend(tcp);
-    f.resize(f.len() + usize::from(payload), 0xab);
-    f
+    frames::tcp_frame([10, 0, 0, 2], 40000, 1000, payload)
 }
 
 /// One loaded copy of the object, with `program` ready to run over `data`.
