@@ -6,7 +6,7 @@
 //! attaches only the counter-only XDP program (`count_pass`) to the same
 //! interface: what having any XDP program there costs (on veth it turns
 //! off TSO on the peer), so the tracer's own share reads apart from it.
-//! Also the collector's CPU time per million segments in full mode (its
+//! Also, per mode, the collector's CPU time per million segments (its
 //! thread's rusage) and the event rate it kept up with (dropped events
 //! counted).
 
@@ -18,6 +18,7 @@ use tracer::{
     lab::{self, Lab, LabSpec, Upload, UploadSpec},
     record::{self, RecordOptions},
 };
+use tracer_common::counter;
 
 const ROUNDS: usize = 5;
 const FLOWS: usize = 4;
@@ -35,8 +36,33 @@ fn thread_cpu() -> Duration {
 
 struct Run {
     mbit: f64,
-    /// (segments, events, dropped, collector CPU, seconds) when traced.
-    traced: Option<(u64, u64, u64, Duration, f64)>,
+    traced: Option<Traced>,
+}
+
+/// What the tracer saw and spent in one run.
+#[derive(Clone, Copy, Default)]
+struct Traced {
+    /// TCP segments the XDP program parsed (emitted or not).
+    segments: u64,
+    /// Ring records received (segments, `tcp_probe`, retransmissions).
+    events: u64,
+    dropped: u64,
+    collector_cpu: Duration,
+    secs: f64,
+}
+
+impl Traced {
+    fn sum(runs: &[Run]) -> Self {
+        runs.iter()
+            .filter_map(|r| r.traced)
+            .fold(Self::default(), |a, t| Self {
+                segments: a.segments + t.segments,
+                events: a.events + t.events,
+                dropped: a.dropped + t.dropped,
+                collector_cpu: a.collector_cpu + t.collector_cpu,
+                secs: a.secs + t.secs,
+            })
+    }
 }
 
 /// What is attached to the receiver's interface during an upload.
@@ -102,14 +128,13 @@ fn upload(attached: Attached) -> Run {
             },
         )
         .expect("collect");
-        let cpu = thread_cpu() - cpu;
-        (
-            engine.live().segments,
-            o.received,
-            o.counters.dropped(),
-            cpu,
-            o.elapsed.as_secs_f64(),
-        )
+        Traced {
+            segments: o.counters.get(counter::XDP_TCP),
+            events: o.received,
+            dropped: o.counters.dropped(),
+            collector_cpu: thread_cpu() - cpu,
+            secs: o.elapsed.as_secs_f64(),
+        }
     });
     let results = up.join().expect("upload");
     let secs = start.elapsed().as_secs_f64();
@@ -178,19 +203,16 @@ fn main() {
     for (name, v) in [("traced/count_pass", t), ("summary/count_pass", sm)] {
         println!("  {name:<19} {:>7.3} (the tracer's own share)", v / x);
     }
-    let (mut segs, mut events, mut dropped, mut cpu, mut secs) = (0, 0, 0, Duration::ZERO, 0.0);
-    for (s, e, d, c, t) in traced.iter().filter_map(|r| r.traced) {
-        (segs, events, dropped, cpu, secs) = (segs + s, events + e, dropped + d, cpu + c, secs + t);
+    for (name, runs) in [("full mode", &traced), ("summary", &summary)] {
+        let t = Traced::sum(runs);
+        let cpu = t.collector_cpu.as_secs_f64();
+        println!(
+            "  {name:<19} {:.0} events/s ({:.0}% of the segments' count), {} dropped; collector {:.0} ms CPU per million segments, {:.0}% of one core",
+            t.events as f64 / t.secs,
+            t.events as f64 * 100.0 / t.segments as f64,
+            t.dropped,
+            cpu * 1e3 / (t.segments as f64 / 1e6),
+            cpu / t.secs * 100.0
+        );
     }
-    println!(
-        "  collector           {:.0} ms CPU per million segments ({:.0} per million events); {:.0}% of one core",
-        cpu.as_secs_f64() * 1e3 / (segs as f64 / 1e6),
-        cpu.as_secs_f64() * 1e3 / (events as f64 / 1e6),
-        cpu.as_secs_f64() / secs * 100.0
-    );
-    println!(
-        "  event rate          {:.0} events/s received, {} dropped (the most this 2-core lab sends)",
-        events as f64 / secs,
-        dropped
-    );
 }
