@@ -217,7 +217,15 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
                     && decided_or_not >= late * 7 / 10,
                 "tracer {found} + {ambiguous} vs edge {late}"
             );
-            assert!(a["steered_share"].as_f64().unwrap() >= 0.95);
+            // With IPv6 (no IP ID) a late retransmission taken for an
+            // original counts as reordered on its own queue: once 0.86 in
+            // CI, in a flow with 550 retransmissions and 340 of 568 late
+            // segments ambiguous (1.0 in six local runs around it).
+            let steered = a["steered_share"].as_f64().unwrap();
+            assert!(
+                steered >= if ipv6 { 0.8 } else { 0.95 },
+                "steered share {steered}"
+            );
             assert_eq!(f["verdict"], "nic-steering", "{}", f["evidence"]);
             // Counted on in-order segments at each end: a flip on the way
             // in can show a short-lived path the edge's order hid (equal
