@@ -581,43 +581,54 @@ fn replay_predictions_agree_with_the_linux_senders() {
         "--ring-mib",
         "64",
     ];
+    // Two runs per rate, summed, within 0.5-1.4. Single runs spread with
+    // the VM's day: 0.66-1.15 when the README's table was measured, 0.50-1.11
+    // on 2026-12-01 over 28 runs (the code of the day before alike), whose
+    // two-run sums read 0.64-0.96.
     for rate in ["20", "50", "200"] {
-        // Events lost (exit 3, counted) leave the TCP-layer view partial:
-        // the replay then falls back, as checked below.
-        let r = lab_json_exits(&[&base[..], &["--rate", rate]].concat(), &[0, 3]);
-        let dsacked: u64 = flows(&r).iter().map(|(_, _, s)| u(&s["dsack_dups"])).sum();
-        let rack = predicted(&r, "rack-tlp");
-        eprintln!(
-            "rack-tlp at {rate}/s: predicted {rack}, DSACKed {dsacked} (events lost: XDP {}, tcp_probe {})",
-            r["kernel"]["xdp_dropped"], r["kernel"]["probe_lost"]
-        );
-        assert!(dsacked > 300, "little spurious retransmission: {dsacked}");
-        // The sender-side probe saw the ACKs, and the replay used them.
-        assert!(
-            u(&r["lab"]["sender_acks"]["seen"]) > 10_000,
-            "{}",
-            r["lab"]["sender_acks"]
-        );
-        for (f, _, _) in flows(&r) {
-            assert_eq!(f["replay"]["assumptions"]["ack_delay_from"], "sender");
-            assert_eq!(f["replay"]["assumptions"]["send_times_from"], "sender");
+        let (mut rack_sum, mut dsacked_sum) = (0, 0);
+        for _ in 0..2 {
+            // Events lost (exit 3, counted) leave the TCP-layer view
+            // partial: the replay then falls back, as checked below.
+            let r = lab_json_exits(&[&base[..], &["--rate", rate]].concat(), &[0, 3]);
+            let dsacked: u64 = flows(&r).iter().map(|(_, _, s)| u(&s["dsack_dups"])).sum();
+            let rack = predicted(&r, "rack-tlp");
+            eprintln!(
+                "rack-tlp at {rate}/s: predicted {rack}, DSACKed {dsacked} (events lost: XDP {}, tcp_probe {})",
+                r["kernel"]["xdp_dropped"], r["kernel"]["probe_lost"]
+            );
+            assert!(dsacked > 300, "little spurious retransmission: {dsacked}");
+            // The sender-side probe saw the ACKs, and the replay used them.
+            assert!(
+                u(&r["lab"]["sender_acks"]["seen"]) > 10_000,
+                "{}",
+                r["lab"]["sender_acks"]
+            );
+            for (f, _, _) in flows(&r) {
+                assert_eq!(f["replay"]["assumptions"]["ack_delay_from"], "sender");
+                assert_eq!(f["replay"]["assumptions"]["send_times_from"], "sender");
+            }
+            // The ACK-level replay needs the whole TCP-layer view; the
+            // kernel sometimes skips tcp_probe programs unannounced (issue
+            // 2), and then the replay falls back to the wire model.
+            let whole = flows(&r).iter().all(|(f, _, _)| tcp_layer_whole(f));
+            assert_eq!(
+                whole,
+                flows(&r)
+                    .iter()
+                    .all(|(f, _, _)| f["replay"]["assumptions"]["ack_level"] == true),
+                "the replay uses the TCP layer exactly when it is whole"
+            );
+            if whole {
+                rack_sum += rack;
+                dsacked_sum += dsacked;
+            }
+            assert_clean();
         }
-        // The ACK-level replay needs the whole TCP-layer view; the kernel
-        // sometimes skips tcp_probe programs unannounced (issue 2), and
-        // then the replay falls back to the wire model.
-        let whole = flows(&r).iter().all(|(f, _, _)| tcp_layer_whole(f));
-        assert_eq!(
-            whole,
-            flows(&r)
-                .iter()
-                .all(|(f, _, _)| f["replay"]["assumptions"]["ack_level"] == true),
-            "the replay uses the TCP layer exactly when it is whole"
-        );
         assert!(
-            !whole || ratio_in(rack, dsacked, 0.6, 1.4),
-            "rack-tlp at {rate}/s: {rack} vs DSACKed {dsacked}"
+            dsacked_sum == 0 || ratio_in(rack_sum, dsacked_sum, 0.5, 1.4),
+            "rack-tlp at {rate}/s, two runs: {rack_sum} vs DSACKed {dsacked_sum}"
         );
-        assert_clean();
     }
     // Classic: this kernel's only fixed-threshold sender is NewReno (no
     // SACK), not the SACK sender the policy is. Taking the duplicate ACKs
