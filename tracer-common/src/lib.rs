@@ -77,25 +77,8 @@ pub const OPT_MOVED: u8 = 0x20;
 /// ... as one of the sample of the rest (or a SYN, FIN or RST).
 pub const OPT_SAMPLED: u8 = 0x40;
 
-/// Summary mode: what XDP keeps per flow (`FLOW_STATE`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FlowSummary {
-    /// The flow's hash (never 0; 0 is an empty slot).
-    pub tag: u64,
-    /// One past the highest data byte seen.
-    pub high_end: u32,
-    pub queue: u32,
-    pub cpu: u32,
-    /// Segments until the next one sampled.
-    pub to_sample: u32,
-    /// The CPU's frame count when the flow was last seen (which flow of a
-    /// set a new one replaces).
-    pub seen: u64,
-}
-
-/// Flows summary mode follows at once (in sets of two; a new flow replaces
-/// the set's least recently seen).
+/// Flows summary mode follows at once in the kernel (in sets of two; a new
+/// flow replaces the set's least recently used).
 pub const SUMMARY_FLOWS: u32 = 65_536;
 
 /// A TCP segment as XDP saw it on the receiving interface.
@@ -256,11 +239,20 @@ pub mod counter {
     pub const COUNT: u32 = 23;
 }
 
+/// Every counter of one CPU (`COUNTERS`: one such block per CPU), indexed
+/// by [`counter`].
+pub type CounterBlock = [u64; counter::COUNT as usize];
+
+/// The port filter: one byte per port, 1 for a wanted one (the programs'
+/// `PORTS`, fixed at load time).
+pub type PortSet = [u8; 65_536];
+
 /// Filter switches, in [`FilterConfig::flags`].
 pub const FILTER_PORTS: u32 = 0x01;
 pub const FILTER_ADDRS: u32 = 0x02;
 
-/// The filter set from userspace (index 0 of the `FILTER` array).
+/// The filter set from userspace (the programs' `FILTER`, fixed at load
+/// time).
 ///
 /// A segment passes when (no port filter, or its source or destination port
 /// is in `PORTS`) and (no address filter, or its source or destination

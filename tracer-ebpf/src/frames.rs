@@ -99,6 +99,18 @@ impl<const N: usize> Head<N> for XdpHead<N> {
         const { assert!(O + 4 <= N) };
         u32::from_be(head_load!(self, "u32") as u32)
     }
+
+    #[inline(always)]
+    fn le32_at<const O: usize>(&self) -> u32 {
+        const { assert!(O + 4 <= N) };
+        head_load!(self, "u32") as u32
+    }
+
+    #[inline(always)]
+    fn le64_at<const O: usize>(&self) -> u64 {
+        const { assert!(O + 8 <= N) };
+        head_load!(self, "u64")
+    }
 }
 
 impl Frame for XdpFrame {

@@ -22,6 +22,8 @@ fn main() {
 
 #[cfg(target_arch = "bpf")]
 mod programs {
+    use core::cell::UnsafeCell;
+
     use aya_ebpf::{
         bindings::{xdp_action, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
         helpers::{
@@ -29,20 +31,20 @@ mod programs {
             bpf_xdp_get_buff_len, bpf_xdp_load_bytes,
         },
         macros::{btf_tracepoint, map, xdp},
-        maps::{lpm_trie::Key, Array, LpmTrie, PerCpuArray, RingBuf},
+        maps::{lpm_trie::Key, LpmTrie, PerCpuArray, RingBuf},
         programs::{BtfTracePointContext, XdpContext},
         Global,
     };
     use tracer_common::{
-        counter, kind, tcp_flags, AddrKey, CapturedSegment, FilterConfig, FlowAddrs, FlowSummary,
-        KernelOffsets, ProbeEvent, RetransmitEvent, SegmentEvent, CAPTURED_HEADER, CAPTURE_MAX,
-        FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS, OPT_BELOW_HIGH, OPT_JUMP, OPT_MOVED,
-        OPT_SAMPLED, SUMMARY_FLOWS,
+        counter, kind, tcp_flags, AddrKey, CapturedSegment, CounterBlock, FilterConfig, FlowAddrs,
+        KernelOffsets, PortSet, ProbeEvent, RetransmitEvent, CAPTURED_HEADER, CAPTURE_MAX,
+        FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS, OPT_SAMPLED,
     };
 
     use tracer_ebpf::{
         frames::XdpFrame,
         parse::{self, ParseError},
+        summary::{self, FlowSet, SegmentHead},
     };
 
     /// Default ring size; userspace may override it at load time.
@@ -53,25 +55,34 @@ mod programs {
 
     #[map]
     static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+    /// Every counter (`tracer_common::counter`), one block per CPU: a
+    /// program looks its CPU's block up once, however much it counts.
     #[map]
-    static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+    static COUNTERS: PerCpuArray<CounterBlock> = PerCpuArray::with_max_entries(1, 0);
     /// Per-CPU room for the segment being parsed (and its frame's bytes
     /// when capturing): the 512-byte BPF stack cannot hold it next to the
     /// parser's own state.
     #[map]
     static SCRATCH: PerCpuArray<CapturedSegment> = PerCpuArray::with_max_entries(1, 0);
-    #[map]
-    static FILTER: Array<FilterConfig> = Array::with_max_entries(1, 0);
-    /// Summary mode's per-flow state: a two-way set-associative cache
-    /// (sets of two slots by the flow's hash; a new flow replaces the
-    /// set's least recently seen). An LRU hash map cost 36 ns a lookup
-    /// here (hashing a 40-byte key, its LRU lists), these two array slots 7.
-    #[map]
-    static FLOW_STATE: Array<FlowSummary> = Array::with_max_entries(SUMMARY_FLOWS, 0);
-    #[map]
-    /// The port filter, indexed by port (1: wanted): an array lookup the
-    /// verifier inlines, where a hash map cost 20 ns a lookup.
-    static PORTS: Array<u8> = Array::with_max_entries(65_536, 0);
+    /// Summary mode's per-flow state (`summary`): sets of two flows, picked
+    /// by the flow's hash. A global array (the object's .bss, a map the
+    /// program addresses directly), not a map lookup: an LRU hash map cost
+    /// 36 ns a lookup here (hashing a 40-byte key, its LRU lists), and even
+    /// an array map's lookup is a call to LLVM, which then keeps what the
+    /// program holds in memory around it.
+    struct FlowTable(UnsafeCell<[FlowSet; summary::SETS as usize]>);
+
+    // SAFETY: see `summary::decide` on concurrent updates.
+    unsafe impl Sync for FlowTable {}
+
+    #[unsafe(no_mangle)]
+    static FLOW_TABLE: FlowTable =
+        FlowTable(UnsafeCell::new([FlowSet::EMPTY; summary::SETS as usize]));
+    /// The port filter, indexed by port (1: wanted), set at load time: a
+    /// plain load, where a map lookup (a call to LLVM) makes it keep what
+    /// the program holds in memory around it, and a hash map cost 20 ns.
+    #[unsafe(no_mangle)]
+    static PORTS: Global<PortSet> = Global::new([0; 65_536]);
     #[map]
     static ADDRS: LpmTrie<AddrKey, u8> = LpmTrie::with_max_entries(64, BPF_F_NO_PREALLOC);
 
@@ -122,36 +133,59 @@ mod programs {
     #[unsafe(no_mangle)]
     static CAPTURE_SNAPLEN: Global<u32> = Global::new(0);
 
-    /// Counts one event from XDP. XDP runs never nest on a CPU, so a plain
-    /// increment of this CPU's slot is exact.
-    #[inline(always)]
-    fn count(index: u32) {
-        counted(index);
-    }
+    /// The user's filter (set at load time: a constant to the verifier,
+    /// which drops the code of the filters not asked for).
+    #[unsafe(no_mangle)]
+    static FILTER: Global<FilterConfig> = Global::new(FilterConfig {
+        flags: 0,
+        ifindex: 0,
+        netns_inum: 0,
+        _pad: 0,
+    });
 
-    /// Counts one event from XDP and returns this CPU's count of them.
+    /// `FILTER.flags` alone (one load, where `FILTER.load()` reads every
+    /// field).
     #[inline(always)]
-    fn counted(index: u32) -> u64 {
-        match COUNTERS.get_ptr_mut(index) {
-            // SAFETY: this CPU's slot, and no other XDP run on this CPU.
-            Some(slot) => unsafe {
-                *slot += 1;
-                *slot
-            },
-            None => 0,
+    fn filter_flags() -> u32 {
+        // SAFETY: Global is a transparent wrapper of the FilterConfig.
+        unsafe {
+            core::ptr::read_volatile(&raw const (*(&raw const FILTER).cast::<FilterConfig>()).flags)
         }
     }
 
-    /// Counts one event from a tracepoint program, which a softirq can
-    /// interrupt on the same CPU between a load and a store: atomic add.
-    #[inline(always)]
-    fn count_nestable(index: u32) {
-        if let Some(slot) = COUNTERS.get_ptr_mut(index) {
-            // SAFETY: a valid, aligned u64 in the map value. (The bpf target
-            // has no core atomics; this is the BPF_ATOMIC add instruction.)
-            unsafe {
-                core::arch::asm!("lock *(u64 *)({0} + 0) += {1}", in(reg) slot, in(reg) 1u64)
-            };
+    /// This CPU's block of `COUNTERS`.
+    #[derive(Clone, Copy)]
+    struct Counts(*mut CounterBlock);
+
+    impl Counts {
+        #[inline(always)]
+        fn this_cpu() -> Option<Self> {
+            COUNTERS.get_ptr_mut(0).map(Counts)
+        }
+
+        /// Counts one event from XDP. XDP runs never nest on a CPU, so a
+        /// plain increment of this CPU's count is exact.
+        #[inline(always)]
+        fn add(self, index: u32) {
+            // SAFETY: this CPU's block, and no other XDP run on this CPU.
+            if let Some(n) = unsafe { (*self.0).get_mut(index as usize) } {
+                *n += 1;
+            }
+        }
+
+        /// Counts one event from a tracepoint program, which a softirq can
+        /// interrupt on the same CPU between a load and a store: atomic add.
+        #[inline(always)]
+        fn add_nestable(self, index: u32) {
+            // SAFETY: this CPU's block.
+            if let Some(n) = unsafe { (*self.0).get_mut(index as usize) } {
+                // SAFETY: a valid, aligned u64 in the map value. (The bpf
+                // target has no core atomics; this is the BPF_ATOMIC add
+                // instruction.)
+                unsafe {
+                    core::arch::asm!("lock *(u64 *)({0} + 0) += {1}", in(reg) n, in(reg) 1u64)
+                };
+            }
         }
     }
 
@@ -165,7 +199,7 @@ mod programs {
     /// million segments in the lab bench; this way, about 300. (Forcing a
     /// wake-up for every event past the mark cost 4 us an event.)
     #[inline(always)]
-    fn emit<T: ?Sized>(ev: &T, count: fn(u32), emitted: u32, dropped: u32) {
+    fn emit<T: ?Sized>(ev: &T, count: impl Fn(u32), emitted: u32, dropped: u32) {
         let pending = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
         let mark = u64::from(WAKEUP_BYTES.load());
         let flags = if pending < mark && pending + core::mem::size_of_val(ev) as u64 >= mark {
@@ -179,18 +213,13 @@ mod programs {
         }
     }
 
-    #[inline(always)]
-    fn filter_config() -> FilterConfig {
-        FILTER.get(0).copied().unwrap_or_default()
-    }
-
     /// The user's port and address filter (see `FilterConfig`).
     #[inline(always)]
-    fn wanted(cfg: &FilterConfig, addrs: &FlowAddrs) -> bool {
-        if cfg.flags & FILTER_PORTS != 0 && !port_wanted(addrs.sport) && !port_wanted(addrs.dport) {
+    fn wanted(filter: u32, addrs: &FlowAddrs) -> bool {
+        if filter & FILTER_PORTS != 0 && !port_wanted(addrs.sport) && !port_wanted(addrs.dport) {
             return false;
         }
-        if cfg.flags & FILTER_ADDRS != 0
+        if filter & FILTER_ADDRS != 0
             && ADDRS
                 .get(&Key::new(128, addr_key(addrs.family, &addrs.saddr)))
                 .is_none()
@@ -205,7 +234,13 @@ mod programs {
 
     #[inline(always)]
     fn port_wanted(port: u16) -> bool {
-        PORTS.get(u32::from(port)).is_some_and(|&w| w != 0)
+        // SAFETY: Global is a transparent wrapper of the array; any u16
+        // indexes it.
+        unsafe {
+            core::ptr::read_volatile(
+                &raw const (*(&raw const PORTS).cast::<PortSet>())[usize::from(port)],
+            ) != 0
+        }
     }
 
     /// IPv4 addresses are looked up as `::ffff:a.b.c.d`.
@@ -224,8 +259,53 @@ mod programs {
 
     #[xdp(frags)]
     pub fn tag_rx(ctx: XdpContext) -> u32 {
-        let frames = counted(counter::XDP_FRAMES);
-        let frame = XdpFrame::new(&ctx);
+        let Some(c) = Counts::this_cpu() else {
+            return xdp_action::XDP_PASS;
+        };
+        c.add(counter::XDP_FRAMES);
+        // First, while nothing else is held: to LLVM a call, around which it
+        // would keep the quick path's values in memory.
+        let cpu = unsafe { bpf_get_smp_processor_id() };
+        let queue = ctx.rx_queue_index();
+        let filter = filter_flags();
+        let sample = SUMMARY_SAMPLE.load();
+        // The common frame (plain IPv4) in summary mode, or under a port
+        // filter, decided on its fixed fields alone: most segments are only
+        // counted (or filtered out), never parsed further. `quick`: counted,
+        // filtered and (summary mode) decided there, to emit for the reasons
+        // in `quick_why`, which is only stored below, never branched on: the
+        // verifier then walks the parser once, not once per reason. (The
+        // verifier drops this path when neither applies: both are constants
+        // to it. With an address filter: the general path.)
+        let mut quick = false;
+        let mut quick_why = 0;
+        if (sample != 0 || filter & FILTER_PORTS != 0) && filter & FILTER_ADDRS == 0 {
+            if let Some(p) = parse::plain_ipv4(&XdpFrame::new(&ctx)) {
+                let ports = p.ports();
+                c.add(counter::XDP_TCP);
+                if filter & FILTER_PORTS != 0
+                    && !port_wanted((ports >> 16) as u16)
+                    && !port_wanted(ports as u16)
+                {
+                    c.add(counter::XDP_FILTERED);
+                    return xdp_action::XDP_PASS;
+                }
+                if sample != 0 {
+                    let seg = SegmentHead {
+                        tag: summary::ipv4_flow_tag(p.addrs(), ports),
+                        seq: p.seq(),
+                        payload_len: p.payload_len(),
+                        tcp_flags: p.tcp_flags(),
+                    };
+                    quick_why = summarize(&seg, queue, cpu, sample);
+                    if quick_why == 0 {
+                        c.add(counter::XDP_SUMMARIZED);
+                        return xdp_action::XDP_PASS;
+                    }
+                }
+                quick = true;
+            }
+        }
         let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
             return xdp_action::XDP_PASS;
         };
@@ -233,8 +313,8 @@ mod programs {
         let scratch = unsafe { &mut *scratch };
         let ev = &mut scratch.event;
         parse::zero_words(ev);
-        if let Err(err) = parse::parse_segment(&frame, ev) {
-            count(match err {
+        if let Err(err) = parse::parse_segment(&XdpFrame::new(&ctx), ev) {
+            c.add(match err {
                 ParseError::NonTcp => counter::XDP_NON_TCP,
                 ParseError::Truncated => counter::XDP_TRUNCATED,
                 ParseError::Unsupported => counter::XDP_UNSUPPORTED,
@@ -242,133 +322,47 @@ mod programs {
             });
             return xdp_action::XDP_PASS;
         }
-        count(counter::XDP_TCP);
-        if !wanted(&filter_config(), &ev.addrs) {
-            count(counter::XDP_FILTERED);
-            return xdp_action::XDP_PASS;
+        ev.rx_queue = queue;
+        ev.cpu = cpu;
+        if !quick {
+            c.add(counter::XDP_TCP);
+            if !wanted(filter, &ev.addrs) {
+                c.add(counter::XDP_FILTERED);
+                return xdp_action::XDP_PASS;
+            }
+            if sample != 0 {
+                let why = summarize(&SegmentHead::of(ev), queue, cpu, sample);
+                if why == 0 {
+                    c.add(counter::XDP_SUMMARIZED);
+                    return xdp_action::XDP_PASS;
+                }
+                ev.options |= why;
+            }
         }
-        ev.rx_queue = ctx.rx_queue_index();
-        ev.cpu = unsafe { bpf_get_smp_processor_id() };
-        let sample = SUMMARY_SAMPLE.load();
-        if sample != 0 && !summary_emits(ev, sample, frames) {
-            count(counter::XDP_SUMMARIZED);
-            return xdp_action::XDP_PASS;
-        }
+        ev.options |= quick_why;
         // (The clock and the interface only for what is emitted.)
         ev.kind = kind::XDP_SEGMENT;
         ev.ifindex = ctx.ingress_ifindex() as u32;
         ev.ts_ns = unsafe { bpf_ktime_get_ns() };
         let snaplen = CAPTURE_SNAPLEN.load();
         if snaplen == 0 {
-            emit(ev, count, counter::XDP_EMITTED, counter::XDP_DROPPED);
+            emit(ev, |i| c.add(i), counter::XDP_EMITTED, counter::XDP_DROPPED);
         } else {
-            emit_captured(&ctx, scratch, snaplen);
+            emit_captured(&ctx, c, scratch, snaplen);
         }
         xdp_action::XDP_PASS
     }
 
-    /// Summary mode: updates the flow's state with `ev` and says whether it
-    /// matters (the reasons go into `ev.options`). `now`: this CPU's frame
-    /// count, the age of what a set holds.
+    /// Summary mode: updates the segment's flow in `FLOW_TABLE` and says why
+    /// it must be emitted (`OPT_*` bits; 0: only counted).
     #[inline(always)]
-    fn summary_emits(ev: &mut SegmentEvent, sample: u32, now: u64) -> bool {
-        let control = ev.tcp_flags & (tcp_flags::SYN | tcp_flags::FIN | tcp_flags::RST) != 0;
-        let end = ev.seq.wrapping_add(ev.payload_len);
-        let tag = flow_tag(&ev.addrs);
-        let set = ((tag >> 32) as u32 & (SUMMARY_FLOWS / 2 - 1)) * 2;
-        let (Some(w0), Some(w1)) = (FLOW_STATE.get_ptr_mut(set), FLOW_STATE.get_ptr_mut(set + 1))
-        else {
-            return true;
+    fn summarize(seg: &SegmentHead, queue: u32, cpu: u32, sample: u32) -> u8 {
+        // SAFETY: see `summary::decide` on concurrent updates.
+        let table = unsafe { &mut *FLOW_TABLE.0.get() };
+        let Some(set) = table.get_mut(summary::set_index(seg.tag) as usize) else {
+            return OPT_SAMPLED;
         };
-        // SAFETY: two values of the map. Two CPUs updating one flow (or one
-        // set) at once can only blur which segment of a race is emitted:
-        // a state that lost an update sends more segments, not fewer.
-        let (w0, w1) = unsafe { (&mut *w0, &mut *w1) };
-        let state = if w0.tag == tag {
-            w0
-        } else if w1.tag == tag {
-            w1
-        } else {
-            // A flow's first segment (or the first since it was replaced)
-            // goes out; it takes the set's empty or least recently seen way.
-            let older =
-                if w1.tag == 0 || (w0.tag != 0 && (w1.seen.wrapping_sub(w0.seen) as i64) < 0) {
-                    w1
-                } else {
-                    w0
-                };
-            *older = FlowSummary {
-                tag,
-                high_end: end,
-                queue: ev.rx_queue,
-                cpu: ev.cpu,
-                to_sample: sample - 1,
-                seen: now,
-            };
-            ev.options |= OPT_SAMPLED;
-            return true;
-        };
-        state.seen = now;
-        let mut why = 0u8;
-        if ev.payload_len > 0 {
-            let from_high = ev.seq.wrapping_sub(state.high_end) as i32;
-            if from_high < 0 {
-                why |= OPT_BELOW_HIGH;
-            } else if from_high > 0 {
-                why |= OPT_JUMP;
-            }
-            if (end.wrapping_sub(state.high_end) as i32) > 0 {
-                state.high_end = end;
-            }
-        }
-        if ev.rx_queue != state.queue || ev.cpu != state.cpu {
-            why |= OPT_MOVED;
-            state.queue = ev.rx_queue;
-            state.cpu = ev.cpu;
-        }
-        // A countdown, not `segments % sample`: a division costs the
-        // program more than the rest of this function.
-        if state.to_sample == 0 {
-            state.to_sample = sample - 1;
-            why |= OPT_SAMPLED;
-        } else {
-            state.to_sample -= 1;
-            if control {
-                why |= OPT_SAMPLED;
-            }
-        }
-        ev.options |= why;
-        why != 0
-    }
-
-    /// A flow's 64-bit hash, never 0 (an empty slot): its addresses and
-    /// ports as five words, each multiplied by its own odd constant (in
-    /// parallel: a chain of five multiplications cost 10 ns), then mixed.
-    #[inline(always)]
-    fn flow_tag(addrs: &FlowAddrs) -> u64 {
-        const {
-            assert!(core::mem::size_of::<FlowAddrs>() == 40);
-            assert!(core::mem::offset_of!(SegmentEvent, addrs) % 8 == 0);
-            assert!(core::mem::align_of::<SegmentEvent>() == 8);
-        };
-        const K: [u64; 5] = [
-            0x9e37_79b9_7f4a_7c15,
-            0xc2b2_ae3d_27d4_eb4f,
-            0x1656_67b1_9e37_79f9,
-            0x85eb_ca77_c2b2_ae63,
-            0x27d4_eb2f_1656_67c5,
-        ];
-        let words = (addrs as *const FlowAddrs).cast::<u64>();
-        // SAFETY: within `addrs`, which is 8-aligned inside every
-        // SegmentEvent (asserted above), the only place it is read from.
-        let w = |i: usize| unsafe { words.add(i).read() }.wrapping_mul(K[i]);
-        let mut h = (w(0) ^ w(1).rotate_left(21))
-            .wrapping_add(w(2) ^ w(3).rotate_left(43))
-            .wrapping_add(w(4));
-        h ^= h >> 31;
-        h = h.wrapping_mul(K[0]);
-        h ^= h >> 29;
-        h | 1
+        summary::decide(set, seg, queue, cpu, sample)
     }
 
     /// The overhead benchmark's baseline (`cargo xtask bench`): count the
@@ -376,14 +370,16 @@ mod programs {
     /// Never attached by the tracer.
     #[xdp]
     pub fn count_pass(_ctx: XdpContext) -> u32 {
-        count(counter::XDP_FRAMES);
+        if let Some(c) = Counts::this_cpu() {
+            c.add(counter::XDP_FRAMES);
+        }
         xdp_action::XDP_PASS
     }
 
     /// Emits the segment with its frame's first bytes: the headers, or
     /// `snaplen` bytes if more, at most the frame and [`CAPTURE_MAX`].
     #[inline(always)]
-    fn emit_captured(ctx: &XdpContext, c: &mut CapturedSegment, snaplen: u32) {
+    fn emit_captured(ctx: &XdpContext, counts: Counts, c: &mut CapturedSegment, snaplen: u32) {
         c.event.kind = kind::XDP_CAPTURED;
         let wire_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as u32;
         let want = snaplen
@@ -402,7 +398,7 @@ mod programs {
             if ret == 0 {
                 c.caplen = len;
             } else {
-                count(counter::XDP_CAPTURE_FAILED);
+                counts.add(counter::XDP_CAPTURE_FAILED);
             }
         }
         let size = CAPTURED_HEADER + (opaque(c.caplen) & (CAPTURE_MAX as u32 * 2 - 1)) as usize;
@@ -411,7 +407,12 @@ mod programs {
         let bytes = unsafe {
             core::slice::from_raw_parts((c as *const CapturedSegment).cast::<u8>(), size)
         };
-        emit::<[u8]>(bytes, count, counter::XDP_EMITTED, counter::XDP_DROPPED);
+        emit::<[u8]>(
+            bytes,
+            |i| counts.add(i),
+            counter::XDP_EMITTED,
+            counter::XDP_DROPPED,
+        );
     }
 
     /// The value, hidden from LLVM's range reasoning so that the mask after
@@ -552,7 +553,7 @@ mod programs {
     /// `build` if this copy is the one to take the hit, counting the outcome.
     #[inline(always)]
     fn run_copy<T>(tp: &Tracepoint, copy: u32, build: impl FnOnce() -> Result<Option<T>, i32>) {
-        let Some(running) = RUNNING.get_ptr_mut(tp.slot) else {
+        let (Some(running), Some(c)) = (RUNNING.get_ptr_mut(tp.slot), Counts::this_cpu()) else {
             return;
         };
         let me = 1u32 << copy;
@@ -563,14 +564,14 @@ mod programs {
             let before = *running;
             *running = before | me;
             if copy == 0 {
-                count_nestable(tp.first_copy_runs);
+                c.add_nestable(tp.first_copy_runs);
             }
             if before & below == below {
-                count_nestable(tp.seen);
+                c.add_nestable(tp.seen);
                 match build() {
-                    Ok(Some(ev)) => emit(&ev, count_nestable, tp.emitted, tp.dropped),
-                    Ok(None) => count_nestable(tp.filtered),
-                    Err(_) => count_nestable(tp.read_errors),
+                    Ok(Some(ev)) => emit(&ev, |i| c.add_nestable(i), tp.emitted, tp.dropped),
+                    Ok(None) => c.add_nestable(tp.filtered),
+                    Err(_) => c.add_nestable(tp.read_errors),
                 }
             }
             *running &= !me;
@@ -628,7 +629,7 @@ mod programs {
         let sk: *const u8 = ctx.arg(0);
         let skb: *const u8 = ctx.arg(1);
         let off = KERNEL_OFFSETS.load();
-        let cfg = filter_config();
+        let cfg = FILTER.load();
         let iif: u32 = unsafe { field(skb, off.skb_iif) };
         if cfg.ifindex != 0 && iif != cfg.ifindex {
             return Ok(None);
@@ -637,7 +638,7 @@ mod programs {
             return Ok(None);
         }
         let addrs = unsafe { sock_addrs(sk, &off, true)? };
-        if !wanted(&cfg, &addrs) {
+        if !wanted(cfg.flags, &addrs) {
             return Ok(None);
         }
         let (seq, end_seq, ack_seq, flags) = unsafe { skb_tcp_cb(skb, &off)? };
@@ -684,12 +685,12 @@ mod programs {
         let skb: *const u8 = ctx.arg(1);
         let err: i32 = ctx.arg(2);
         let off = KERNEL_OFFSETS.load();
-        let cfg = filter_config();
+        let cfg = FILTER.load();
         if !unsafe { in_netns(sk, &off, cfg.netns_inum)? } {
             return Ok(None);
         }
         let addrs = unsafe { sock_addrs(sk, &off, false)? };
-        if !wanted(&cfg, &addrs) {
+        if !wanted(cfg.flags, &addrs) {
             return Ok(None);
         }
         let (seq, end_seq, _, flags) = unsafe { skb_tcp_cb(skb, &off)? };

@@ -1,4 +1,4 @@
-//! Summary mode's flow table in the kernel (`FLOW_STATE`: 65,536 slots in
+//! Summary mode's flow table in the kernel (`FLOW_TABLE`: 65,536 slots in
 //! two-way sets), driven with `BPF_PROG_TEST_RUN` over crafted frames: with
 //! three times more flows than slots, so that flows keep losing their
 //! slots, no late segment is ever kept back, and every frame is either
@@ -16,7 +16,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
-    counter, KernelOffsets, SegmentEvent, OPT_BELOW_HIGH, OPT_SAMPLED, SUMMARY_FLOWS,
+    counter, CounterBlock, KernelOffsets, SegmentEvent, OPT_BELOW_HIGH, OPT_SAMPLED, SUMMARY_FLOWS,
 };
 
 use common::root_or_skip;
@@ -66,15 +66,26 @@ impl Program {
     }
 
     fn counter(&self, index: u32) -> u64 {
-        let c: PerCpuArray<_, u64> =
+        let c: PerCpuArray<_, CounterBlock> =
             PerCpuArray::try_from(self.ebpf.map("COUNTERS").unwrap()).unwrap();
-        c.get(&index, 0).unwrap().iter().sum()
+        c.get(&0, 0)
+            .unwrap()
+            .iter()
+            .map(|b| b[index as usize])
+            .sum()
     }
 }
 
-/// Flow `i`'s segment number `n` (0-based, `MSS` bytes each).
+/// Flow `i`'s segment number `n` (0-based, `MSS` bytes each). Flows go to
+/// scattered addresses of 10/8 (a permutation of the 24 bits): as many
+/// flows in order of address would spread over the table's sets exactly
+/// evenly (6 a set, all pushing each other out), as real ones do not.
 fn segment(i: u32, n: u32) -> Vec<u8> {
-    let daddr = [10, (i >> 16) as u8, (i >> 8) as u8, i as u8];
+    let mut x = i & 0xff_ffff;
+    x ^= x >> 12;
+    x = x.wrapping_mul(0x9e_3779) & 0xff_ffff;
+    x ^= x >> 11;
+    let daddr = [10, (x >> 16) as u8, (x >> 8) as u8, x as u8];
     frames::tcp_frame(daddr, 40000, 1_000_000 + n * u32::from(MSS), MSS)
 }
 

@@ -14,11 +14,11 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::{
-    maps::{lpm_trie::Key, lpm_trie::LpmTrie, Array, MapData, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, lpm_trie::LpmTrie, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, ProgramError, Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
-use tracer_common::{counter, FilterConfig, FILTER_ADDRS, FILTER_PORTS};
+use tracer_common::{counter, CounterBlock, FilterConfig, PortSet, FILTER_ADDRS, FILTER_PORTS};
 
 use crate::{filter::trie_key, Filter, SetupError};
 use netns::NetnsGuard;
@@ -105,7 +105,7 @@ pub struct Tracer {
     pub ifindex: u32,
     pub mode: AttachedMode,
     ring: RingBuf<MapData>,
-    counters: PerCpuArray<MapData, u64>,
+    counters: PerCpuArray<MapData, CounterBlock>,
     /// The first copies of the tracepoint programs, for their kernel-kept
     /// miss counts (these fds keep them loaded, not attached).
     tcp_probe_fd: OwnedFd,
@@ -147,15 +147,22 @@ impl Tracer {
         })?;
         let netns_inum = netns::current_inum().context("reading the network namespace id")?;
 
+        let ports = port_set(&opts.filter);
         let mut ebpf = EbpfLoader::new()
             .override_global("KERNEL_OFFSETS", &offsets, true)
             .override_global("CAPTURE_SNAPLEN", &opts.snaplen, true)
             .override_global("SUMMARY_SAMPLE", &opts.summary_sample, true)
             .override_global("WAKEUP_BYTES", &(opts.ring_bytes / 8), true)
+            .override_global(
+                "FILTER",
+                &filter_config(&opts.filter, ifindex, netns_inum),
+                true,
+            )
+            .override_global("PORTS", &*ports, true)
             .map_max_entries("EVENTS", opts.ring_bytes)
             .load(crate::EBPF_OBJECT)
             .context("loading the eBPF object")?;
-        configure_filter(&mut ebpf, &opts.filter, ifindex, netns_inum)?;
+        fill_prefixes(&mut ebpf, &opts.filter)?;
 
         // Copy i of each handles what the kernel skipped for copies 0..i (see
         // tracer-ebpf); the first copy's misses are needed to count the rest.
@@ -238,22 +245,35 @@ impl Tracer {
     pub fn counters(&self) -> Result<Counters> {
         // Read while the programs run, the counters are not one instant.
         // The order keeps derived figures from overshooting: misses, then
-        // first-copy runs (high indices), then the events handled, so
-        // `probe_lost` can only lag. After `detach` they are exact.
+        // the first-copy runs (from a first read of the blocks), then the
+        // events handled (from a second), so `probe_lost` can only lag.
+        // After `detach` they are exact.
         let mut c = Counters {
             probe_first_copy_misses: recursion_misses(self.tcp_probe_fd.as_fd())?,
             rtx_first_copy_misses: recursion_misses(self.retransmit_fd.as_fd())?,
             ..Counters::default()
         };
-        for (i, slot) in c.map.iter_mut().enumerate().rev() {
-            *slot = self
-                .counters
-                .get(&(i as u32), 0)
-                .context("reading kernel counters")?
-                .iter()
-                .sum();
+        let first = self.summed_blocks()?;
+        c.map = self.summed_blocks()?;
+        for runs in [counter::PROBE_FIRST_COPY_RUNS, counter::RTX_FIRST_COPY_RUNS] {
+            c.map[runs as usize] = first[runs as usize];
         }
         Ok(c)
+    }
+
+    /// Every CPU's block of counters, summed.
+    fn summed_blocks(&self) -> Result<CounterBlock> {
+        let mut sum = CounterBlock::default();
+        let blocks = self
+            .counters
+            .get(&0, 0)
+            .context("reading kernel counters")?;
+        for block in blocks.iter() {
+            for (total, n) in sum.iter_mut().zip(block) {
+                *total += n;
+            }
+        }
+        Ok(sum)
     }
 }
 
@@ -371,20 +391,35 @@ fn attach_xdp(xdp: &mut Xdp, ifindex: u32, opts: &TracerOptions) -> Result<Attac
     }
 }
 
-fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: u32) -> Result<()> {
+/// The filter's switches and the tracepoint programs' scope.
+fn filter_config(filter: &Filter, ifindex: u32, netns_inum: u32) -> FilterConfig {
     let mut flags = 0;
     if !filter.ports.is_empty() {
         flags |= FILTER_PORTS;
-        let mut ports: Array<_, u8> =
-            Array::try_from(ebpf.map_mut("PORTS").context("no PORTS map")?)?;
-        for &port in &filter.ports {
-            ports
-                .set(u32::from(port), 1, 0)
-                .context("setting the port filter")?;
-        }
     }
     if !filter.prefixes.is_empty() {
         flags |= FILTER_ADDRS;
+    }
+    FilterConfig {
+        flags,
+        ifindex,
+        netns_inum,
+        _pad: 0,
+    }
+}
+
+/// The port filter's ports, one byte each.
+fn port_set(filter: &Filter) -> Box<PortSet> {
+    let mut set = Box::new([0; 65_536]);
+    for &port in &filter.ports {
+        set[usize::from(port)] = 1;
+    }
+    set
+}
+
+/// The filter's prefixes into the trie the programs look them up in.
+fn fill_prefixes(ebpf: &mut Ebpf, filter: &Filter) -> Result<()> {
+    if !filter.prefixes.is_empty() {
         let mut addrs: LpmTrie<_, [u8; 16], u8> =
             LpmTrie::try_from(ebpf.map_mut("ADDRS").context("no ADDRS map")?)?;
         for &(addr, len) in &filter.prefixes {
@@ -394,20 +429,6 @@ fn configure_filter(ebpf: &mut Ebpf, filter: &Filter, ifindex: u32, netns_inum: 
                 .context("setting the address filter")?;
         }
     }
-    let mut config: Array<_, FilterConfig> =
-        Array::try_from(ebpf.map_mut("FILTER").context("no FILTER map")?)?;
-    config
-        .set(
-            0,
-            FilterConfig {
-                flags,
-                ifindex,
-                netns_inum,
-                _pad: 0,
-            },
-            0,
-        )
-        .context("setting the filter")?;
     Ok(())
 }
 
