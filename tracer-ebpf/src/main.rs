@@ -608,19 +608,17 @@ mod programs {
 
     /// The TSval of the TCP header at `th`, if its options start with the
     /// aligned timestamp (NOP, NOP, kind 8, length 10), as Linux's
-    /// `tcp_parse_aligned_timestamp` reads it.
+    /// `tcp_parse_aligned_timestamp` reads it. One read of the header's
+    /// first 28 bytes (past a bare 20-byte header it reads bytes of the
+    /// skb's buffer that are not looked at): each read is a helper call.
     #[inline(always)]
     unsafe fn aligned_tsval(th: *const u8) -> Result<(u8, u32), i32> {
-        let doff: u8 = unsafe { read(th, 12)? };
-        if doff >> 4 < 8 {
+        let h: [u8; 28] = unsafe { read(th, 0)? };
+        let kind = u32::from_ne_bytes([h[20], h[21], h[22], h[23]]);
+        if h[12] >> 4 < 8 || kind != u32::from_ne_bytes([1, 1, 8, 10]) {
             return Ok((0, 0));
         }
-        let kind: u32 = unsafe { read(th, 20)? };
-        if kind != u32::from_ne_bytes([1, 1, 8, 10]) {
-            return Ok((0, 0));
-        }
-        let tsval: u32 = unsafe { read(th, 24)? };
-        Ok((1, u32::from_be(tsval)))
+        Ok((1, u32::from_be_bytes([h[24], h[25], h[26], h[27]])))
     }
 
     // Not inlined: its own stack frame keeps each copy's within the BPF limit.

@@ -33,7 +33,7 @@ use crate::replay::{
     self, FlowLog, LateOriginal, Refill, Replay, ReplayConfig, SenderAck, TcpArrival,
 };
 use order::{Arrival, Class, Late, OrderDetector, Outcome, Unwrap, MAX_N};
-use tracer_common::tcp_flags::{ACK, RST, SYN};
+use tracer_common::tcp_flags::{ACK, FIN, RST, SYN};
 
 /// When a reordered segment's verdict evidence counts it as steered.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
@@ -654,13 +654,19 @@ impl Engine {
         if f.rtt_ns.is_none() && p.srtt_us > 0 {
             f.rtt_ns = Some(u64::from(p.srtt_us) * 1000);
         }
+        let paws = p.paws_rejects();
         if p.payload_len == 0 {
+            // A FIN without data is discarded by PAWS too (and counted in
+            // PAWSEstab); a pure ACK the kernel may let through as a
+            // disordered ACK, an RST it never counts.
+            if paws && p.flags & FIN != 0 && p.flags & RST == 0 {
+                f.tcp_layer.paws_discarded += 1;
+            }
             return;
         }
         let t = &mut f.tcp_layer;
         t.events += 1;
         t.payload_bytes += u64::from(p.payload_len);
-        let paws = p.paws_rejects();
         if let Some(w) = &mut f.wire {
             let start = w.unwrap.ext(p.seq);
             let end = start + u64::from(p.payload_len);

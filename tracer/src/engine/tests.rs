@@ -254,7 +254,7 @@ fn local_retransmissions_classify_late_segments() {
 fn tcp_layer_view_counts_its_own_order() {
     let mut e = Engine::new(EngineConfig::default());
     let f = flow(1);
-    let probe = |seq: u32, len: u32, rcv_nxt: u32, gso_segs: u16, tsval: u32| {
+    let probe_flags = |seq: u32, len: u32, rcv_nxt: u32, gso_segs: u16, tsval: u32, flags: u8| {
         Observation::TcpProbe(TcpProbe {
             ts_ns: 1,
             cpu: 0,
@@ -264,7 +264,7 @@ fn tcp_layer_view_counts_its_own_order() {
             end_seq: seq + len,
             ack: 0,
             payload_len: len,
-            flags: 0x10,
+            flags,
             srtt_us: 40,
             snd_cwnd: 10,
             snd_una: 0,
@@ -275,6 +275,8 @@ fn tcp_layer_view_counts_its_own_order() {
             ts_recent: 100,
         })
     };
+    let probe =
+        |seq, len, rcv_nxt, gso_segs, tsval| probe_flags(seq, len, rcv_nxt, gso_segs, tsval, ACK);
     // A GRO run of three segments, a later run of two, a run behind it
     // (still above the hole at 3001), and a lone copy of its start.
     for (seq, len, gso_segs) in [
@@ -291,9 +293,14 @@ fn tcp_layer_view_counts_its_own_order() {
     // hole).
     e.observe_obs(&probe(9001, 1000, 3001, 0, 98));
     e.observe_obs(&probe(9001, 1000, 3001, 0, 99));
+    // Without data: a late FIN is discarded by PAWS as well (the kernel
+    // counts it in PAWSEstab); a late pure ACK and RST are not counted.
+    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, ACK | FIN));
+    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, ACK));
+    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, RST | FIN));
     let r = one_flow(&e);
     assert_eq!(r.tcp_layer.events, 6);
-    assert_eq!(r.tcp_layer.paws_discarded, 1);
+    assert_eq!(r.tcp_layer.paws_discarded, 2);
     assert_eq!(
         (
             r.tcp_layer.in_order,
