@@ -37,8 +37,9 @@ pub const FAMILY_IPV6: u8 = 6;
 /// The addresses and ports of a segment, in the direction it travelled.
 ///
 /// IPv4 addresses sit in the first four bytes of `saddr`/`daddr`, the rest is
-/// zero. Ports are in host byte order.
-#[repr(C)]
+/// zero. Ports are in host byte order. 4-aligned (every event has it at a
+/// multiple of 8), so that the kernel writes addresses a word at a time.
+#[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct FlowAddrs {
     pub saddr: [u8; 16],

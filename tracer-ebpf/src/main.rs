@@ -143,14 +143,43 @@ mod programs {
         _pad: 0,
     });
 
-    /// `FILTER.flags` alone (one load, where `FILTER.load()` reads every
-    /// field).
+    /// A u32 field of a load-time global struct, at `at` (its `offset_of!`):
+    /// one load, where `load()` reads every field (and LLVM then keeps
+    /// them all, in memory).
+    #[inline(always)]
+    fn global_u32<T>(global: &Global<T>, at: usize) -> u32 {
+        // SAFETY: `Global` is a transparent wrapper of its value, which has
+        // a u32 at `at`.
+        unsafe {
+            core::ptr::read_volatile(
+                (global as *const Global<T>)
+                    .cast::<u8>()
+                    .add(at)
+                    .cast::<u32>(),
+            )
+        }
+    }
+
+    /// A field's offset from `KERNEL_OFFSETS`.
+    macro_rules! offset {
+        ($field:ident) => {
+            global_u32(
+                &KERNEL_OFFSETS,
+                core::mem::offset_of!(KernelOffsets, $field),
+            )
+        };
+    }
+
+    /// A field of `FILTER`.
+    macro_rules! filter {
+        ($field:ident) => {
+            global_u32(&FILTER, core::mem::offset_of!(FilterConfig, $field))
+        };
+    }
+
     #[inline(always)]
     fn filter_flags() -> u32 {
-        // SAFETY: Global is a transparent wrapper of the FilterConfig.
-        unsafe {
-            core::ptr::read_volatile(&raw const (*(&raw const FILTER).cast::<FilterConfig>()).flags)
-        }
+        filter!(flags)
     }
 
     /// This CPU's block of `COUNTERS`.
@@ -439,49 +468,51 @@ mod programs {
         unsafe { core::ptr::read_volatile(base.add(offset as usize).cast::<T>()) }
     }
 
-    /// Whether `sk` lives in the traced network namespace (0: any).
+    /// Whether `sk` lives in the traced network namespace (`FILTER`'s; 0:
+    /// any).
     #[inline(always)]
-    unsafe fn in_netns(sk: *const u8, off: &KernelOffsets, inum: u32) -> Result<bool, i32> {
+    unsafe fn in_netns(sk: *const u8) -> bool {
+        let inum = filter!(netns_inum);
         if inum == 0 {
-            return Ok(true);
+            return true;
         }
-        let net: *const u8 = unsafe { field(sk, off.sk_net) };
-        Ok(unsafe { field::<u32>(net, off.net_inum) } == inum)
+        let net: *const u8 = unsafe { field(sk, offset!(sk_net)) };
+        unsafe { field::<u32>(net, offset!(net_inum)) == inum }
     }
 
     /// The socket's two ends; `remote_first` puts the peer in `saddr`.
     #[inline(always)]
-    unsafe fn sock_addrs(
-        sk: *const u8,
-        off: &KernelOffsets,
-        remote_first: bool,
-    ) -> Result<FlowAddrs, i32> {
+    unsafe fn sock_addrs(sk: *const u8, remote_first: bool) -> Result<FlowAddrs, i32> {
         let mut a = FlowAddrs::default();
-        let family: u16 = unsafe { field(sk, off.sk_family) };
-        let remote_port = u16::from_be(unsafe { field(sk, off.sk_dport) });
-        let local_port: u16 = unsafe { field(sk, off.sk_num) };
-        // In 32-bit words, as they sit in the socket.
-        let addr = |at: u32, words: u32| {
-            let mut a = [0u8; 16];
-            for i in 0..words {
-                let w: u32 = unsafe { field(sk, at + 4 * i) };
-                a[4 * i as usize..4 * i as usize + 4].copy_from_slice(&w.to_ne_bytes());
-            }
-            a
+        let family: u16 = unsafe { field(sk, offset!(sk_family)) };
+        let remote_port = u16::from_be(unsafe { field(sk, offset!(sk_dport)) });
+        let local_port: u16 = unsafe { field(sk, offset!(sk_num)) };
+        let (remote, local) = if remote_first {
+            (a.sport, a.dport) = (remote_port, local_port);
+            (&mut a.saddr, &mut a.daddr)
+        } else {
+            (a.sport, a.dport) = (local_port, remote_port);
+            (&mut a.daddr, &mut a.saddr)
         };
-        let (remote, local) = if family == AF_INET6 {
+        // In 32-bit words, as they sit in the socket (FlowAddrs is
+        // 4-aligned: word stores, not byte by byte).
+        let copy = |to: &mut [u8; 16], at: u32, words: usize| {
+            for i in 0..words {
+                let w: u32 = unsafe { field(sk, at + 4 * i as u32) };
+                // SAFETY: within `to`, 4-aligned.
+                unsafe { to.as_mut_ptr().cast::<u32>().add(i).write(w) };
+            }
+        };
+        if family == AF_INET6 {
+            copy(remote, offset!(sk_v6_daddr), 4);
+            copy(local, offset!(sk_v6_rcv_saddr), 4);
             a.family = FAMILY_IPV6;
-            (addr(off.sk_v6_daddr, 4), addr(off.sk_v6_rcv_saddr, 4))
         } else if family == AF_INET {
+            copy(remote, offset!(sk_daddr), 1);
+            copy(local, offset!(sk_rcv_saddr), 1);
             a.family = FAMILY_IPV4;
-            (addr(off.sk_daddr, 1), addr(off.sk_rcv_saddr, 1))
         } else {
             return Err(-1);
-        };
-        if remote_first {
-            (a.saddr, a.daddr, a.sport, a.dport) = (remote, local, remote_port, local_port);
-        } else {
-            (a.saddr, a.daddr, a.sport, a.dport) = (local, remote, local_port, remote_port);
         }
         Ok(a)
     }
@@ -489,15 +520,15 @@ mod programs {
     /// `seq`, `end_seq`, `ack_seq` and the flags byte of the skb's
     /// `struct tcp_skb_cb`.
     #[inline(always)]
-    unsafe fn skb_tcp_cb(skb: *const u8, off: &KernelOffsets) -> Result<(u32, u32, u32, u8), i32> {
-        let cb = off.skb_cb;
-        let seq = unsafe { field(skb, cb + off.tcb_seq) };
-        let end_seq = unsafe { field(skb, cb + off.tcb_end_seq) };
-        let ack_seq = unsafe { field(skb, cb + off.tcb_ack_seq) };
+    unsafe fn skb_tcp_cb(skb: *const u8) -> (u32, u32, u32, u8) {
+        let cb = offset!(skb_cb);
+        let seq = unsafe { field(skb, cb + offset!(tcb_seq)) };
+        let end_seq = unsafe { field(skb, cb + offset!(tcb_end_seq)) };
+        let ack_seq = unsafe { field(skb, cb + offset!(tcb_ack_seq)) };
         // tcp_flags is a u8 on older kernels and a u16 on newer ones; the
         // TCP header flag bits are the low byte either way (little endian).
-        let flags: u8 = unsafe { field(skb, cb + off.tcb_tcp_flags) };
-        Ok((seq, end_seq, ack_seq, flags))
+        let flags: u8 = unsafe { field(skb, cb + offset!(tcb_tcp_flags)) };
+        (seq, end_seq, ack_seq, flags)
     }
 
     // The kernel does not run a tracing program on a CPU where it is already
@@ -626,25 +657,24 @@ mod programs {
     unsafe fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<Option<ProbeEvent>, i32> {
         let sk: *const u8 = ctx.arg(0);
         let skb: *const u8 = ctx.arg(1);
-        let off = KERNEL_OFFSETS.load();
-        let cfg = FILTER.load();
-        let iif: u32 = unsafe { field(skb, off.skb_iif) };
-        if cfg.ifindex != 0 && iif != cfg.ifindex {
+        let iif: u32 = unsafe { field(skb, offset!(skb_iif)) };
+        let ifindex = filter!(ifindex);
+        if ifindex != 0 && iif != ifindex {
             return Ok(None);
         }
-        if !unsafe { in_netns(sk, &off, cfg.netns_inum)? } {
+        if !unsafe { in_netns(sk) } {
             return Ok(None);
         }
-        let addrs = unsafe { sock_addrs(sk, &off, true)? };
-        if !wanted(cfg.flags, &addrs) {
+        let addrs = unsafe { sock_addrs(sk, true)? };
+        if !wanted(filter_flags(), &addrs) {
             return Ok(None);
         }
-        let (seq, end_seq, ack_seq, flags) = unsafe { skb_tcp_cb(skb, &off)? };
-        let head: *const u8 = unsafe { field(skb, off.skb_head) };
-        let end: u32 = unsafe { field(skb, off.skb_end) };
+        let (seq, end_seq, ack_seq, flags) = unsafe { skb_tcp_cb(skb) };
+        let head: *const u8 = unsafe { field(skb, offset!(skb_head)) };
+        let end: u32 = unsafe { field(skb, offset!(skb_end)) };
         // Behind a byte pointer: no type for the verifier, so probe reads.
-        let gso_segs = unsafe { read(head, end.wrapping_add(off.shinfo_gso_segs))? };
-        let (has_tsval, tsval) = unsafe { aligned_tsval(field(skb, off.skb_data))? };
+        let gso_segs = unsafe { read(head, end.wrapping_add(offset!(shinfo_gso_segs)))? };
+        let (has_tsval, tsval) = unsafe { aligned_tsval(field(skb, offset!(skb_data)))? };
         let tp = unsafe { bpf_skc_to_tcp_sock(sk as *mut _) } as *const u8;
         if tp.is_null() {
             return Err(-1);
@@ -663,13 +693,13 @@ mod programs {
             seq,
             end_seq,
             ack_seq,
-            srtt_us: unsafe { field(tp, off.tp_srtt_us) },
-            snd_cwnd: unsafe { field(tp, off.tp_snd_cwnd) },
-            snd_una: unsafe { field(tp, off.tp_snd_una) },
-            snd_nxt: unsafe { field(tp, off.tp_snd_nxt) },
-            rcv_nxt: unsafe { field(tp, off.tp_rcv_nxt) },
+            srtt_us: unsafe { field(tp, offset!(tp_srtt_us)) },
+            snd_cwnd: unsafe { field(tp, offset!(tp_snd_cwnd)) },
+            snd_una: unsafe { field(tp, offset!(tp_snd_una)) },
+            snd_nxt: unsafe { field(tp, offset!(tp_snd_nxt)) },
+            rcv_nxt: unsafe { field(tp, offset!(tp_rcv_nxt)) },
             tsval,
-            ts_recent: unsafe { field(tp, off.tp_ts_recent) },
+            ts_recent: unsafe { field(tp, offset!(tp_ts_recent)) },
             has_tsval,
             ..ProbeEvent::default()
         }))
@@ -682,16 +712,14 @@ mod programs {
         let sk: *const u8 = ctx.arg(0);
         let skb: *const u8 = ctx.arg(1);
         let err: i32 = ctx.arg(2);
-        let off = KERNEL_OFFSETS.load();
-        let cfg = FILTER.load();
-        if !unsafe { in_netns(sk, &off, cfg.netns_inum)? } {
+        if !unsafe { in_netns(sk) } {
             return Ok(None);
         }
-        let addrs = unsafe { sock_addrs(sk, &off, false)? };
-        if !wanted(cfg.flags, &addrs) {
+        let addrs = unsafe { sock_addrs(sk, false)? };
+        if !wanted(filter_flags(), &addrs) {
             return Ok(None);
         }
-        let (seq, end_seq, _, flags) = unsafe { skb_tcp_cb(skb, &off)? };
+        let (seq, end_seq, _, flags) = unsafe { skb_tcp_cb(skb) };
         Ok(Some(RetransmitEvent {
             kind: kind::RETRANSMIT,
             tcp_flags: flags,
