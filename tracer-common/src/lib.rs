@@ -236,8 +236,14 @@ pub mod counter {
     /// Summary mode: segments counted per flow in the kernel and not
     /// emitted (in order, same queue and CPU, not sampled).
     pub const XDP_SUMMARIZED: u32 = 22;
-    /// Number of counters.
-    pub const COUNT: u32 = 23;
+    /// Summary mode: `tcp_probe` skbs TCP took in order, counted and not
+    /// emitted (not sampled).
+    pub const PROBE_SUMMARIZED: u32 = 23;
+    /// Summary mode: the payload bytes of the `XDP_SUMMARIZED` segments.
+    pub const XDP_SUMMARIZED_BYTES: u32 = 24;
+    /// Number of counters. (New ones go last: a trace stores them in this
+    /// order, and one from before reads the newer ones as 0.)
+    pub const COUNT: u32 = 25;
 }
 
 /// Every counter of one CPU (`COUNTERS`: one such block per CPU), indexed

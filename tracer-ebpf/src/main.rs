@@ -122,8 +122,9 @@ mod programs {
 
     /// Summary mode (for 10-100 GbE hosts): 0 off (every segment emitted);
     /// N: only segments that start below or above the flow's highest byte,
-    /// that changed queue or CPU, and one in N of the rest are emitted; all
-    /// are counted.
+    /// that changed queue or CPU, and one in N of the rest are emitted; at
+    /// the TCP layer, only skbs TCP does not take in order, and one in N of
+    /// the rest. All are counted.
     #[unsafe(no_mangle)]
     static SUMMARY_SAMPLE: Global<u32> = Global::new(0);
 
@@ -199,6 +200,15 @@ mod programs {
             // SAFETY: this CPU's block, and no other XDP run on this CPU.
             if let Some(n) = unsafe { (*self.0).get_mut(index as usize) } {
                 *n += 1;
+            }
+        }
+
+        /// Adds `n` to a count from XDP.
+        #[inline(always)]
+        fn add_n(self, index: u32, n: u32) {
+            // SAFETY: this CPU's block, and no other XDP run on this CPU.
+            if let Some(total) = unsafe { (*self.0).get_mut(index as usize) } {
+                *total += u64::from(n);
             }
         }
 
@@ -329,6 +339,7 @@ mod programs {
                     quick_why = summarize(&seg, queue, cpu, sample);
                     if quick_why == 0 {
                         c.add(counter::XDP_SUMMARIZED);
+                        c.add_n(counter::XDP_SUMMARIZED_BYTES, seg.payload_len);
                         return xdp_action::XDP_PASS;
                     }
                 }
@@ -363,6 +374,7 @@ mod programs {
                 let why = summarize(&SegmentHead::of(ev), queue, cpu, sample);
                 if why == 0 {
                     c.add(counter::XDP_SUMMARIZED);
+                    c.add_n(counter::XDP_SUMMARIZED_BYTES, ev.payload_len);
                     return xdp_action::XDP_PASS;
                 }
                 ev.options |= why;
@@ -549,6 +561,11 @@ mod programs {
     #[map]
     static RUNNING: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0);
 
+    /// Summary mode: per CPU, tcp_probe skbs taken in order until the next
+    /// one sampled.
+    #[map]
+    static TCP_SAMPLE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
     /// One traced tracepoint: its `RUNNING` slot and its counters.
     struct Tracepoint {
         slot: u32,
@@ -558,6 +575,17 @@ mod programs {
         emitted: u32,
         dropped: u32,
         read_errors: u32,
+        /// (Only tcp_probe summarizes.)
+        summarized: Option<u32>,
+    }
+
+    /// What a tracepoint program made of a hit.
+    enum Outcome<T> {
+        Emit(T),
+        /// Outside the traced interface, namespace or filter.
+        Filtered,
+        /// Summary mode: counted, not emitted.
+        Summarized,
     }
 
     const TCP_PROBE: Tracepoint = Tracepoint {
@@ -568,6 +596,7 @@ mod programs {
         emitted: counter::PROBE_EMITTED,
         dropped: counter::PROBE_DROPPED,
         read_errors: counter::PROBE_READ_ERRORS,
+        summarized: Some(counter::PROBE_SUMMARIZED),
     };
 
     const TCP_RETRANSMIT: Tracepoint = Tracepoint {
@@ -578,12 +607,13 @@ mod programs {
         emitted: counter::RTX_EMITTED,
         dropped: counter::RTX_DROPPED,
         read_errors: counter::RTX_READ_ERRORS,
+        summarized: None,
     };
 
     /// Copy `copy` of a tracepoint program: builds and emits the event with
     /// `build` if this copy is the one to take the hit, counting the outcome.
     #[inline(always)]
-    fn run_copy<T>(tp: &Tracepoint, copy: u32, build: impl FnOnce() -> Result<Option<T>, i32>) {
+    fn run_copy<T>(tp: &Tracepoint, copy: u32, build: impl FnOnce() -> Result<Outcome<T>, i32>) {
         let (Some(running), Some(c)) = (RUNNING.get_ptr_mut(tp.slot), Counts::this_cpu()) else {
             return;
         };
@@ -600,8 +630,15 @@ mod programs {
             if before & below == below {
                 c.add_nestable(tp.seen);
                 match build() {
-                    Ok(Some(ev)) => emit(&ev, |i| c.add_nestable(i), tp.emitted, tp.dropped),
-                    Ok(None) => c.add_nestable(tp.filtered),
+                    Ok(Outcome::Emit(ev)) => {
+                        emit(&ev, |i| c.add_nestable(i), tp.emitted, tp.dropped)
+                    }
+                    Ok(Outcome::Filtered) => c.add_nestable(tp.filtered),
+                    Ok(Outcome::Summarized) => {
+                        if let Some(summarized) = tp.summarized {
+                            c.add_nestable(summarized)
+                        }
+                    }
                     Err(_) => c.add_nestable(tp.read_errors),
                 }
             }
@@ -654,34 +691,45 @@ mod programs {
 
     // Not inlined: its own stack frame keeps each copy's within the BPF limit.
     #[inline(never)]
-    unsafe fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<Option<ProbeEvent>, i32> {
+    unsafe fn try_tcp_probe(ctx: &BtfTracePointContext) -> Result<Outcome<ProbeEvent>, i32> {
         let sk: *const u8 = ctx.arg(0);
         let skb: *const u8 = ctx.arg(1);
         let iif: u32 = unsafe { field(skb, offset!(skb_iif)) };
         let ifindex = filter!(ifindex);
         if ifindex != 0 && iif != ifindex {
-            return Ok(None);
+            return Ok(Outcome::Filtered);
         }
         if !unsafe { in_netns(sk) } {
-            return Ok(None);
+            return Ok(Outcome::Filtered);
         }
         let addrs = unsafe { sock_addrs(sk, true)? };
         if !wanted(filter_flags(), &addrs) {
-            return Ok(None);
+            return Ok(Outcome::Filtered);
         }
         let (seq, end_seq, ack_seq, flags) = unsafe { skb_tcp_cb(skb) };
-        let head: *const u8 = unsafe { field(skb, offset!(skb_head)) };
-        let end: u32 = unsafe { field(skb, offset!(skb_end)) };
-        // Behind a byte pointer: no type for the verifier, so probe reads.
-        let gso_segs = unsafe { read(head, end.wrapping_add(offset!(shinfo_gso_segs)))? };
-        let (has_tsval, tsval) = unsafe { aligned_tsval(field(skb, offset!(skb_data)))? };
         let tp = unsafe { bpf_skc_to_tcp_sock(sk as *mut _) } as *const u8;
         if tp.is_null() {
             return Err(-1);
         }
+        let rcv_nxt: u32 = unsafe { field(tp, offset!(tp_rcv_nxt)) };
+        let ts_recent: u32 = unsafe { field(tp, offset!(tp_ts_recent)) };
+        let (has_tsval, tsval) = unsafe { aligned_tsval(field(skb, offset!(skb_data)))? };
+        let sample = SUMMARY_SAMPLE.load();
+        if sample != 0 {
+            let paws =
+                has_tsval != 0 && ts_recent != 0 && (ts_recent.wrapping_sub(tsval) as i32) > 1;
+            let control = flags & (tcp_flags::SYN | tcp_flags::FIN | tcp_flags::RST) != 0;
+            if seq == rcv_nxt && !paws && !control && !tcp_sampled(sample) {
+                return Ok(Outcome::Summarized);
+            }
+        }
+        let head: *const u8 = unsafe { field(skb, offset!(skb_head)) };
+        let end: u32 = unsafe { field(skb, offset!(skb_end)) };
+        // Behind a byte pointer: no type for the verifier, so probe reads.
+        let gso_segs = unsafe { read(head, end.wrapping_add(offset!(shinfo_gso_segs)))? };
         let control =
             u32::from(flags & tcp_flags::SYN != 0) + u32::from(flags & tcp_flags::FIN != 0);
-        Ok(Some(ProbeEvent {
+        Ok(Outcome::Emit(ProbeEvent {
             kind: kind::TCP_PROBE,
             tcp_flags: flags,
             gso_segs,
@@ -697,30 +745,50 @@ mod programs {
             snd_cwnd: unsafe { field(tp, offset!(tp_snd_cwnd)) },
             snd_una: unsafe { field(tp, offset!(tp_snd_una)) },
             snd_nxt: unsafe { field(tp, offset!(tp_snd_nxt)) },
-            rcv_nxt: unsafe { field(tp, offset!(tp_rcv_nxt)) },
+            rcv_nxt,
             tsval,
-            ts_recent: unsafe { field(tp, offset!(tp_ts_recent)) },
+            ts_recent,
             has_tsval,
             ..ProbeEvent::default()
         }))
     }
 
+    /// Summary mode at the TCP layer: one in `sample` of the skbs TCP takes
+    /// in order is emitted (this CPU's countdown; a run nested in another
+    /// can only blur which one).
+    #[inline(always)]
+    fn tcp_sampled(sample: u32) -> bool {
+        let Some(left) = TCP_SAMPLE.get_ptr_mut(0) else {
+            return true;
+        };
+        // SAFETY: this CPU's slot.
+        unsafe {
+            if *left == 0 {
+                *left = sample - 1;
+                true
+            } else {
+                *left -= 1;
+                false
+            }
+        }
+    }
+
     #[inline(always)]
     unsafe fn try_tcp_retransmit(
         ctx: &BtfTracePointContext,
-    ) -> Result<Option<RetransmitEvent>, i32> {
+    ) -> Result<Outcome<RetransmitEvent>, i32> {
         let sk: *const u8 = ctx.arg(0);
         let skb: *const u8 = ctx.arg(1);
         let err: i32 = ctx.arg(2);
         if !unsafe { in_netns(sk) } {
-            return Ok(None);
+            return Ok(Outcome::Filtered);
         }
         let addrs = unsafe { sock_addrs(sk, false)? };
         if !wanted(filter_flags(), &addrs) {
-            return Ok(None);
+            return Ok(Outcome::Filtered);
         }
         let (seq, end_seq, _, flags) = unsafe { skb_tcp_cb(skb) };
-        Ok(Some(RetransmitEvent {
+        Ok(Outcome::Emit(RetransmitEvent {
             kind: kind::RETRANSMIT,
             tcp_flags: flags,
             cpu: unsafe { bpf_get_smp_processor_id() },

@@ -1,14 +1,16 @@
 //! What tracing costs a real upload (`cargo xtask bench`; root): the lab's
 //! kernel-TCP upload (4 flows, plain forwarding) with the tracer attached
 //! to the receiver and collecting, against the same upload without it,
-//! alternating runs in one process, and with the tracer in summary mode
-//! without the TCP layer (`--summary 64 --no-tcp-layer`). A fourth set
-//! attaches only the counter-only XDP program (`count_pass`) to the same
-//! interface: what having any XDP program there costs (on veth it turns
-//! off TSO on the peer), so the tracer's own share reads apart from it.
-//! Also, per mode, the collector's CPU time per million segments (its
-//! thread's rusage) and the event rate it kept up with (dropped events
-//! counted).
+//! alternating runs in one process: full mode, summary mode
+//! (`--summary 64`) and summary mode without the TCP layer (`--summary 64
+//! --no-tcp-layer`). Another set attaches only the counter-only XDP
+//! program (`count_pass`) to the same interface: what having any XDP
+//! program there costs (on veth it turns off TSO on the peer), so the
+//! tracer's own share reads apart from it. Each ratio is the median over
+//! the rounds of the runs' ratio in their round (the VM's speed drifts
+//! between rounds by more than the differences measured). Also, per mode,
+//! the collector's CPU time per million segments (its thread's rusage) and
+//! the event rate it kept up with (dropped events counted).
 
 use std::time::{Duration, Instant};
 
@@ -20,10 +22,10 @@ use tracer::{
 };
 use tracer_common::counter;
 
-const ROUNDS: usize = 5;
+const ROUNDS: usize = 7;
 const FLOWS: usize = 4;
 const BYTES: u64 = 256 << 20;
-/// Summary mode's sample in the third set of runs.
+/// Summary mode's sample.
 const SUMMARY: u32 = 64;
 
 fn thread_cpu() -> Duration {
@@ -71,8 +73,12 @@ enum Attached {
     Nothing,
     /// The counter-only XDP program alone.
     CountPass,
-    /// The tracer, with this summary-mode sample (0: full mode).
-    Tracer(u32),
+    /// The tracer: summary mode's sample (0: full mode), and whether the
+    /// TCP layer (`tcp_probe`) is traced.
+    Tracer {
+        summary: u32,
+        tcp_layer: bool,
+    },
 }
 
 /// Attaches `count_pass` to the lab's receiving interface; detached when
@@ -91,15 +97,14 @@ fn upload(attached: Attached) -> Run {
     let lab = Lab::create(&LabSpec::new(lab::Mode::Off, 4)).expect("lab");
     let _count_pass = matches!(attached, Attached::CountPass).then(|| attach_count_pass(&lab));
     let traced = match attached {
-        Attached::Tracer(summary) => Some(summary),
+        Attached::Tracer { summary, tcp_layer } => Some((summary, tcp_layer)),
         _ => None,
     };
-    let mut tracer = traced.map(|summary| {
+    let mut tracer = traced.map(|(summary, tcp_layer)| {
         let mut opts = TracerOptions::new(lab::SERVER_IF);
         opts.netns = Some(lab.topo.server_ns.clone());
         opts.summary_sample = summary;
-        // Summary mode as a busy host would run it: no TCP layer.
-        opts.tcp_layer = summary == 0;
+        opts.tcp_layer = tcp_layer;
         Tracer::attach(&opts).expect("attach")
     });
     let spec = UploadSpec {
@@ -146,68 +151,94 @@ fn upload(attached: Attached) -> Run {
     }
 }
 
+/// The sets of runs, each a column of every round.
+const SETS: [(&str, Attached); 5] = [
+    ("without the tracer", Attached::Nothing),
+    ("count_pass only", Attached::CountPass),
+    (
+        "full mode",
+        Attached::Tracer {
+            summary: 0,
+            tcp_layer: true,
+        },
+    ),
+    (
+        "summary 1/64",
+        Attached::Tracer {
+            summary: SUMMARY,
+            tcp_layer: true,
+        },
+    ),
+    (
+        "summary, no TCP layer",
+        Attached::Tracer {
+            summary: SUMMARY,
+            tcp_layer: false,
+        },
+    ),
+];
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn main() {
     // SAFETY: no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         println!("lab benchmark: skipped: needs root (namespaces, the tracer)");
         return;
     }
-    let (mut plain, mut xdp, mut traced, mut summary) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut runs: Vec<Vec<Run>> = SETS.iter().map(|_| Vec::new()).collect();
     for _ in 0..ROUNDS {
-        plain.push(upload(Attached::Nothing));
-        xdp.push(upload(Attached::CountPass));
-        traced.push(upload(Attached::Tracer(0)));
-        summary.push(upload(Attached::Tracer(SUMMARY)));
+        for (set, (_, attached)) in SETS.iter().enumerate() {
+            runs[set].push(upload(*attached));
+        }
     }
-    // Medians: on this VM one run in five may land a third off the rest.
-    let median = |v: &[Run]| {
-        let mut m: Vec<f64> = v.iter().map(|r| r.mbit).collect();
-        m.sort_by(f64::total_cmp);
-        m[m.len() / 2]
-    };
-    let list = |v: &[Run]| {
-        v.iter()
-            .map(|r| format!("{:.0}", r.mbit))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let (p, x, t, sm) = (
-        median(&plain),
-        median(&xdp),
-        median(&traced),
-        median(&summary),
-    );
     println!(
-        "lab benchmark: {FLOWS} x {} MiB kernel-TCP upload through the lab, {ROUNDS} runs each, alternating (medians)",
+        "lab benchmark: {FLOWS} x {} MiB kernel-TCP upload through the lab, {ROUNDS} rounds, the sets alternating",
         BYTES >> 20
     );
-    println!("  without the tracer  {p:>7.0} Mbit/s ({})", list(&plain));
-    println!("  count_pass only     {x:>7.0} Mbit/s ({})", list(&xdp));
-    println!("  with the tracer     {t:>7.0} Mbit/s ({})", list(&traced));
-    println!(
-        "  summary, no TCP layer {sm:>4.0} Mbit/s ({})",
-        list(&summary)
-    );
-    for (name, v) in [("traced/untraced", t), ("summary/untraced", sm)] {
-        let ratio = v / p;
-        println!(
-            "  {name:<19} {ratio:>7.3} (target >= 0.97: {})",
-            if ratio >= 0.97 { "met" } else { "NOT met" }
-        );
+    // Set `set`'s runs against set `base`'s in the same rounds.
+    let ratio = |set: usize, base: usize| {
+        median(
+            runs[set]
+                .iter()
+                .zip(&runs[base])
+                .map(|(r, b)| r.mbit / b.mbit)
+                .collect(),
+        )
+    };
+    for (set, (name, _)) in SETS.iter().enumerate() {
+        let list = runs[set]
+            .iter()
+            .map(|r| format!("{:.0}", r.mbit))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mbit = median(runs[set].iter().map(|r| r.mbit).collect());
+        if set == 0 {
+            println!("  {name:<22} {mbit:>5.0} Mbit/s ({list})");
+        } else {
+            let r = ratio(set, 0);
+            let own = ratio(set, 1);
+            let target = if set >= 2 {
+                format!(
+                    " (target >= 0.97: {})",
+                    if r >= 0.97 { "met" } else { "NOT met" }
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "  {name:<22} {mbit:>5.0} Mbit/s ({list}): {r:.3} of untraced{target}; {own:.3} of count_pass only"
+            );
+        }
     }
-    println!(
-        "  count_pass/untraced {:>7.3} (any XDP program on this interface)",
-        x / p
-    );
-    for (name, v) in [("traced/count_pass", t), ("summary/count_pass", sm)] {
-        println!("  {name:<19} {:>7.3} (the tracer's own share)", v / x);
-    }
-    for (name, runs) in [("full mode", &traced), ("summary", &summary)] {
-        let t = Traced::sum(runs);
+    for (set, (name, _)) in SETS.iter().enumerate().skip(2) {
+        let t = Traced::sum(&runs[set]);
         let cpu = t.collector_cpu.as_secs_f64();
         println!(
-            "  {name:<19} {:.0} events/s ({:.0}% of the segments' count), {} dropped; collector {:.0} ms CPU per million segments, {:.0}% of one core",
+            "  {name:<22} {:.0} events/s ({:.0}% of the segments' count), {} dropped; collector {:.0} ms CPU per million segments, {:.1}% of one core",
             t.events as f64 / t.secs,
             t.events as f64 * 100.0 / t.segments as f64,
             t.dropped,

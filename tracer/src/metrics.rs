@@ -162,7 +162,8 @@ impl Metrics {
         let v = &self.values;
         let t = &s.totals;
         let r = &t.reordering;
-        raise(&v.segments, t.segments);
+        // (Summary mode: with the segments the kernel only counted.)
+        raise(&v.segments, t.segments + counters.summarized().0);
         raise(&v.data_segments, r.data_segments);
         let a = &r.attribution;
         for (label, n) in [
@@ -219,7 +220,7 @@ fn register(r: &mut Registry, v: &Values) {
     );
     r.register(
         "data_segments",
-        "TCP segments with payload",
+        "TCP segments with payload (summary mode: of those emitted)",
         v.data_segments.clone(),
     );
     r.register(

@@ -100,6 +100,7 @@ pub fn run(
     let deadline = opts.duration.map(|d| start + d);
     let mut last_tick = start;
     let mut last_live = engine.live();
+    let mut last_counters = Counters::default();
     let mut received = 0u64;
     let mut decode_errors = 0u64;
     let stop = loop {
@@ -141,10 +142,12 @@ pub fn run(
                         &last_live,
                         now - start,
                         now - last_tick,
-                        &counters
+                        &counters,
+                        &last_counters,
                     )
                 );
                 last_live = live;
+                last_counters = counters;
             }
             last_tick = now;
         }

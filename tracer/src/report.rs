@@ -13,17 +13,25 @@ use crate::{
 };
 use tracer_common::counter;
 
-/// One line: rates since the previous line, flows, reordering, drops.
+/// One line: rates since the previous line (`prev`, `prev_counters`: then),
+/// flows, reordering, drops. The rates count what summary mode kept in the
+/// kernel too.
 pub fn progress_line(
     now: &Live,
     prev: &Live,
     elapsed: Duration,
     interval: Duration,
     counters: &Counters,
+    prev_counters: &Counters,
 ) -> String {
     let secs = interval.as_secs_f64().max(1e-9);
-    let seg_rate = (now.segments - prev.segments) as f64 / secs;
-    let mbit = (now.payload_bytes - prev.payload_bytes) as f64 * 8.0 / secs / 1e6;
+    let ((segs, bytes), (prev_segs, prev_bytes)) =
+        (counters.summarized(), prev_counters.summarized());
+    let seg_rate = (now.segments + segs).saturating_sub(prev.segments + prev_segs) as f64 / secs;
+    let mbit = (now.payload_bytes + bytes).saturating_sub(prev.payload_bytes + prev_bytes) as f64
+        * 8.0
+        / secs
+        / 1e6;
     let probe_rate = (now.probes - prev.probes) as f64 / secs;
     let dropped = counters.dropped();
     format!(
@@ -71,14 +79,24 @@ pub fn text(
     let r = &t.reordering;
     let secs = elapsed.as_secs_f64().max(1e-9);
     let _ = writeln!(out, "{header}");
+    let (summarized, summarized_bytes) = counters.summarized();
+    let bytes = r.payload_bytes + summarized_bytes;
     let _ = writeln!(
         out,
-        "  segments   {} seen by {}, {} with data ({:.1} MB, {:.1} Mbit/s)",
-        t.segments,
+        "  segments   {} seen by {}, {} with data{} ({:.1} MB, {:.1} Mbit/s)",
+        t.segments + summarized,
         if opts.capture { "the capture" } else { "XDP" },
         r.data_segments,
-        r.payload_bytes as f64 / 1e6,
-        r.payload_bytes as f64 * 8.0 / secs / 1e6
+        if summarized > 0 {
+            format!(
+                " of the {} emitted (the rest counted in the kernel only: summary mode)",
+                t.segments
+            )
+        } else {
+            String::new()
+        },
+        bytes as f64 / 1e6,
+        bytes as f64 * 8.0 / secs / 1e6
     );
     let _ = writeln!(
         out,
@@ -161,8 +179,11 @@ pub fn text(
     if !shown.is_empty() {
         let _ = writeln!(out, "  flows, most reordered first:");
     }
+    // In summary mode the views see what was emitted: not comparable.
+    let summarized =
+        counters.get(counter::XDP_SUMMARIZED) + counters.get(counter::PROBE_SUMMARIZED) > 0;
     for f in &shown {
-        flow_lines(&mut out, f, opts);
+        flow_lines(&mut out, f, opts, summarized);
     }
     let rest = s.flows.iter().filter(|f| f.data_segments > 0).count() - shown.len();
     if rest > 0 {
@@ -294,7 +315,7 @@ fn r_dsack(flows: &[crate::lab::FlowResult], src: &str) -> u32 {
         .map_or(0, |r| r.dsack_dups)
 }
 
-fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions) {
+fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions, summarized: bool) {
     let _ = writeln!(
         out,
         "    {}  {}: {} of {} segments reordered ({}), {} retransmitted, {:.1} MB{}, rx queues {}, cpus {}",
@@ -305,7 +326,11 @@ fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions) {
         pct(f.reordered_ratio),
         f.retransmissions,
         f.payload_bytes as f64 / 1e6,
-        tcp_layer_hole(f),
+        if summarized {
+            String::new()
+        } else {
+            tcp_layer_hole(f)
+        },
         spread(&f.rx_queues),
         spread(&f.cpus),
     );
@@ -447,6 +472,14 @@ fn kernel_lines(out: &mut String, counters: &Counters) {
             out,
             "  summary    {summarized} of {} segments counted in the kernel only (summary mode): reorder counts and verdicts hold; extents, late times' spread and densities see the emitted segments",
             counters.get(counter::XDP_TCP)
+        );
+    }
+    let probe_summarized = counters.get(counter::PROBE_SUMMARIZED);
+    if probe_summarized > 0 {
+        let _ = writeln!(
+            out,
+            "  summary    {probe_summarized} tcp_probe skbs TCP took in order counted in the kernel only (of {} runs): its out-of-order and PAWS counts hold; its in-order count sees the emitted ones",
+            counters.get(counter::PROBE_SEEN)
         );
     }
     let (probe_lost, rtx_lost) = (counters.probe_lost(), counters.rtx_lost());
@@ -593,15 +626,21 @@ mod tests {
             Duration::from_secs(1),
             Duration::from_secs(1),
             &c,
+            &Counters::default(),
         );
         assert!(line.contains("5 seg/s"), "{line}");
         assert!(line.contains("flows     2"), "{line}");
         assert!(!line.contains("LOST"), "{line}");
         c.map[counter::XDP_DROPPED as usize] = 7;
-        assert!(
-            progress_line(&now, &prev, Duration::ZERO, Duration::from_secs(1), &c)
-                .contains("EVENTS LOST")
-        );
+        assert!(progress_line(
+            &now,
+            &prev,
+            Duration::ZERO,
+            Duration::from_secs(1),
+            &c,
+            &Counters::default()
+        )
+        .contains("EVENTS LOST"));
     }
 
     #[test]

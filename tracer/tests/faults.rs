@@ -201,7 +201,8 @@ fn a_stalled_collector_loses_events_and_every_output_counts_them_exactly() {
         u(&k["probe_events"])
             + u(&k["probe_dropped"])
             + u(&k["probe_filtered"])
-            + u(&k["probe_read_errors"]),
+            + u(&k["probe_read_errors"])
+            + u(&k["probe_summarized"]),
         u(&k["probe_seen"])
     );
     let lost = dropped

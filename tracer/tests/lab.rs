@@ -742,9 +742,54 @@ fn summary_mode_keeps_the_reorder_counts_and_verdicts() {
 
 fn check_summary_atr(r: &Value, accounted: &dyn Fn(&Value) -> f64, no_tcp_layer: bool) {
     let share = accounted(r);
+    let k = &r["kernel"];
     if no_tcp_layer {
-        assert_eq!(u(&r["kernel"]["probe_first_copy_runs"]), 0);
+        assert_eq!(u(&k["probe_first_copy_runs"]), 0);
         assert_eq!(u(&r["totals"]["tcp_layer"]["events"]), 0);
+    } else {
+        // The TCP layer summarized too: what TCP took in order is only
+        // counted, and every run is accounted for.
+        let (seen, summarized) = (u(&k["probe_seen"]), u(&k["probe_summarized"]));
+        assert_eq!(
+            u(&k["probe_events"])
+                + u(&k["probe_dropped"])
+                + u(&k["probe_filtered"])
+                + u(&k["probe_read_errors"])
+                + summarized,
+            seen
+        );
+        assert!(
+            summarized * 2 > seen,
+            "tcp_probe: {summarized} of {seen} summarized"
+        );
+        // What TCP queued out of order and what PAWS discarded always go
+        // out: the kernel's own counts still agree (when no tcp_probe run
+        // was missed).
+        let paws: u64 = flows(r)
+            .iter()
+            .map(|(f, _, _)| u(&f["tcp_layer"]["paws_discarded"]))
+            .sum();
+        let kernel_paws = u(&r["lab"]["receiver_counters"]["TcpExtPAWSEstab"]);
+        eprintln!(
+            "summary, atr: tcp_probe {summarized} of {seen} summarized; PAWS {paws} vs PAWSEstab {kernel_paws}; missed {}",
+            u(&k["probe_lost"])
+        );
+        if u(&k["probe_lost"]) == 0 {
+            assert!(
+                within(paws, kernel_paws, 0.005),
+                "PAWS {paws} vs {kernel_paws}"
+            );
+            for (f, _, sockets) in flows(r) {
+                let (ofo, ooo) = (
+                    u(&f["tcp_layer"]["ofo_segments"]),
+                    u(&sockets["rcv_ooopack"]),
+                );
+                assert!(
+                    within(ofo, ooo, 0.005),
+                    "tcp-layer ofo {ofo}, rcv_ooopack {ooo}"
+                );
+            }
+        }
     }
     for (f, truth, _) in flows(r) {
         let (found, late) = (u(&f["reordered"]), u(&truth["late"]));

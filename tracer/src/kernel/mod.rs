@@ -508,6 +508,15 @@ impl Counters {
         self.ring_full() + self.probe_lost() + self.rtx_lost()
     }
 
+    /// Segments and their payload bytes XDP counted and did not emit
+    /// (summary mode): with what the engine saw, all the traffic.
+    pub fn summarized(&self) -> (u64, u64) {
+        (
+            self.get(counter::XDP_SUMMARIZED),
+            self.get(counter::XDP_SUMMARIZED_BYTES),
+        )
+    }
+
     /// Events the kernel wrote into the ring buffer.
     pub fn emitted(&self) -> u64 {
         self.get(counter::XDP_EMITTED)
@@ -526,12 +535,14 @@ impl Counters {
     /// The counters of [`Counters::words`]; `None` if the list is not one
     /// (another version's: a different number of counters).
     pub fn from_words(w: &[u64]) -> Option<Self> {
-        let n = counter::COUNT as usize;
-        if w.len() != n + 2 {
+        // Counters are only ever added last: a trace from before has fewer,
+        // and the newer ones read as 0.
+        let n = w.len().checked_sub(2)?;
+        if n > counter::COUNT as usize || n < counter::XDP_SUMMARIZED as usize {
             return None;
         }
         let mut c = Self::default();
-        c.map.copy_from_slice(&w[..n]);
+        c.map[..n].copy_from_slice(&w[..n]);
         (c.probe_first_copy_misses, c.rtx_first_copy_misses) = (w[n], w[n + 1]);
         Some(c)
     }
@@ -576,4 +587,6 @@ pub const COUNTER_NAMES: [&str; counter::COUNT as usize] = [
     "retransmit_first_copy_runs",
     "xdp_capture_failed",
     "xdp_summarized",
+    "probe_summarized",
+    "xdp_summarized_bytes",
 ];

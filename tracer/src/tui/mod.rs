@@ -36,12 +36,7 @@ use ratatui::{backend::CrosstermBackend, Terminal};
 pub use render::{render, MIN_HEIGHT, MIN_WIDTH};
 pub use view::{Action, Sort, ViewState};
 
-use crate::{
-    engine::{Engine, Live},
-    kernel::Counters,
-    replay::Replay,
-    snapshot::Snapshot,
-};
+use crate::{engine::Engine, kernel::Counters, replay::Replay, snapshot::Snapshot};
 
 /// How often the collector samples and the screen redraws.
 pub const FRAME: Duration = Duration::from_millis(250);
@@ -85,7 +80,9 @@ pub struct Link {
     tx: SyncSender<Message>,
     control: Arc<Control>,
     source: String,
-    rates_from: Option<(Instant, Live)>,
+    /// When the last rates were taken, and the segments and payload bytes
+    /// then.
+    rates_from: Option<(Instant, (u64, u64))>,
     replay: Option<(String, Replay, Instant)>,
     next_sample: Instant,
 }
@@ -119,17 +116,20 @@ impl Link {
         }
         let now = Instant::now();
         let live = engine.live();
+        // With what summary mode counted in the kernel only.
+        let (kept, kept_bytes) = counters.summarized();
+        let totals = (live.segments + kept, live.payload_bytes + kept_bytes);
         let (segments_per_s, mbit_per_s) = match self.rates_from {
-            Some((t, prev)) => {
+            Some((t, (segments, bytes))) => {
                 let secs = (now - t).as_secs_f64().max(1e-3);
                 (
-                    live.segments.saturating_sub(prev.segments) as f64 / secs,
-                    live.payload_bytes.saturating_sub(prev.payload_bytes) as f64 * 8.0 / secs / 1e6,
+                    totals.0.saturating_sub(segments) as f64 / secs,
+                    totals.1.saturating_sub(bytes) as f64 * 8.0 / secs / 1e6,
                 )
             }
             None => (0.0, 0.0),
         };
-        self.rates_from = Some((now, live));
+        self.rates_from = Some((now, totals));
         let selected = self.control.selected.lock().expect("not poisoned").clone();
         if let Some(flow) = selected.clone() {
             let stale = self
@@ -196,7 +196,7 @@ pub fn start(source: String) -> Result<(Link, Screen)> {
         tx,
         control,
         source,
-        rates_from: Some((Instant::now(), Live::default())),
+        rates_from: Some((Instant::now(), (0, 0))),
         replay: None,
         next_sample: Instant::now() + FRAME,
     };
