@@ -66,9 +66,11 @@ struct TraceArgs {
     ring_mib: u32,
     /// Summary mode, for 10-100 GbE hosts: XDP keeps per-flow state and
     /// emits only segments that arrive below or above the flow's highest
-    /// byte, change RX queue or CPU, and one in N of the rest; everything
-    /// is counted. Reorder counts and verdicts hold; extents and densities
-    /// see the emitted segments only.
+    /// byte, change RX queue or CPU, and one in N of the rest; the TCP
+    /// layer only skbs TCP does not take in order, and one in N of the
+    /// rest; everything is counted. Reorder counts, verdicts and TCP's
+    /// out-of-order and PAWS counts hold; extents and densities see the
+    /// emitted segments only.
     #[arg(long, value_name = "N")]
     summary: Option<u32>,
     /// Leave out the TCP-layer view (the tcp_probe tracepoint, which runs
