@@ -250,6 +250,8 @@ fn bench() -> Result<ExitCode> {
         "--bench",
         "xdp",
         "--bench",
+        "events",
+        "--bench",
         "lab",
     ]))?;
     Ok(ExitCode::SUCCESS)
