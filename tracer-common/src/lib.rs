@@ -112,7 +112,9 @@ pub struct SegmentEvent {
     pub vlan: u16,
     /// Bytes from the frame's start to the end of the TCP header.
     pub header_len: u16,
-    pub _pad: [u8; 4],
+    /// Summary mode: this flow's data segments the kernel counted, in
+    /// order, without emitting them, since its previous emitted segment.
+    pub summarized: u32,
     pub sack: [SackBlock; MAX_SACK_BLOCKS],
 }
 

@@ -44,7 +44,7 @@ mod programs {
     use tracer_ebpf::{
         frames::XdpFrame,
         parse::{self, ParseError},
-        summary::{self, FlowSet, SegmentHead},
+        summary::{self, Decision, FlowSet, SegmentHead},
     };
 
     /// Default ring size; userspace may override it at load time.
@@ -312,12 +312,13 @@ mod programs {
         // filter, decided on its fixed fields alone: most segments are only
         // counted (or filtered out), never parsed further. `quick`: counted,
         // filtered and (summary mode) decided there, to emit for the reasons
-        // in `quick_why`, which is only stored below, never branched on: the
-        // verifier then walks the parser once, not once per reason. (The
-        // verifier drops this path when neither applies: both are constants
-        // to it. With an address filter: the general path.)
+        // in `quick_why` (with `quick_summarized`), only stored below, never
+        // branched on: the verifier then walks the parser once, not once per
+        // reason. (The verifier drops this path when neither applies: both
+        // are constants to it. With an address filter: the general path.)
         let mut quick = false;
         let mut quick_why = 0;
+        let mut quick_summarized = 0;
         if (sample != 0 || filter & FILTER_PORTS != 0) && filter & FILTER_ADDRS == 0 {
             if let Some(p) = parse::plain_ipv4(&XdpFrame::new(&ctx)) {
                 let ports = p.ports();
@@ -336,12 +337,13 @@ mod programs {
                         payload_len: p.payload_len(),
                         tcp_flags: p.tcp_flags(),
                     };
-                    quick_why = summarize(&seg, queue, cpu, sample);
-                    if quick_why == 0 {
+                    let d = summarize(&seg, queue, cpu, sample);
+                    if d.why == 0 {
                         c.add(counter::XDP_SUMMARIZED);
                         c.add_n(counter::XDP_SUMMARIZED_BYTES, seg.payload_len);
                         return xdp_action::XDP_PASS;
                     }
+                    (quick_why, quick_summarized) = (d.why, d.summarized);
                 }
                 quick = true;
             }
@@ -371,16 +373,18 @@ mod programs {
                 return xdp_action::XDP_PASS;
             }
             if sample != 0 {
-                let why = summarize(&SegmentHead::of(ev), queue, cpu, sample);
-                if why == 0 {
+                let d = summarize(&SegmentHead::of(ev), queue, cpu, sample);
+                if d.why == 0 {
                     c.add(counter::XDP_SUMMARIZED);
                     c.add_n(counter::XDP_SUMMARIZED_BYTES, ev.payload_len);
                     return xdp_action::XDP_PASS;
                 }
-                ev.options |= why;
+                ev.options |= d.why;
+                ev.summarized = d.summarized;
             }
         }
         ev.options |= quick_why;
+        ev.summarized |= quick_summarized;
         // (The clock and the interface only for what is emitted.)
         ev.kind = kind::XDP_SEGMENT;
         ev.ifindex = ctx.ingress_ifindex() as u32;
@@ -394,14 +398,17 @@ mod programs {
         xdp_action::XDP_PASS
     }
 
-    /// Summary mode: updates the segment's flow in `FLOW_TABLE` and says why
-    /// it must be emitted (`OPT_*` bits; 0: only counted).
+    /// Summary mode: updates the segment's flow in `FLOW_TABLE` and says
+    /// whether (and why) it must be emitted.
     #[inline(always)]
-    fn summarize(seg: &SegmentHead, queue: u32, cpu: u32, sample: u32) -> u8 {
+    fn summarize(seg: &SegmentHead, queue: u32, cpu: u32, sample: u32) -> Decision {
         // SAFETY: see `summary::decide` on concurrent updates.
         let table = unsafe { &mut *FLOW_TABLE.0.get() };
         let Some(set) = table.get_mut(summary::set_index(seg.tag) as usize) else {
-            return OPT_SAMPLED;
+            return Decision {
+                why: OPT_SAMPLED,
+                summarized: 0,
+            };
         };
         summary::decide(set, seg, queue, cpu, sample)
     }

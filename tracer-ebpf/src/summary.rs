@@ -54,6 +54,19 @@ pub struct FlowState {
     pub high_end: u32,
     /// Segments until the next one sampled.
     pub to_sample: u32,
+    /// Data segments counted, not emitted, since the last one emitted.
+    pub summarized: u32,
+    pub _pad: u32,
+}
+
+/// What [`decide`] made of a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Why it must be emitted: `OPT_*` bits; 0: only counted.
+    pub why: u8,
+    /// When emitted, the flow's data segments counted without being
+    /// emitted before it (`SegmentEvent::summarized`).
+    pub summarized: u32,
 }
 
 /// Two flows whose hashes pick the same set (a value of the kernel's
@@ -66,12 +79,38 @@ pub struct FlowSet {
 }
 
 impl FlowSet {
+    /// Copies the first way over the second; with `swap`, the second over
+    /// the first too. A word at a time: a copy of the 32-byte struct made
+    /// this LLVM's BPF backend crash (post-RA pseudo instruction expansion).
+    #[inline(always)]
+    fn move_first_back(&mut self, swap: bool) {
+        const WORDS: usize = size_of::<FlowState>() / 8;
+        const { assert!(size_of::<FlowState>() == 8 * WORDS) };
+        let [first, second] = &mut self.ways;
+        let (a, b) = (
+            (first as *mut FlowState).cast::<u64>(),
+            (second as *mut FlowState).cast::<u64>(),
+        );
+        for i in 0..WORDS {
+            // SAFETY: word `i` of two distinct, 8-aligned FlowStates.
+            unsafe {
+                let (x, y) = (a.add(i).read(), b.add(i).read());
+                b.add(i).write_volatile(x);
+                if swap {
+                    a.add(i).write_volatile(y);
+                }
+            }
+        }
+    }
+
     pub const EMPTY: FlowSet = FlowSet {
         ways: [FlowState {
             tag: 0,
             path: 0,
             high_end: 0,
             to_sample: 0,
+            summarized: 0,
+            _pad: 0,
         }; 2],
     };
 }
@@ -84,31 +123,36 @@ pub fn set_index(tag: u64) -> u32 {
 }
 
 /// Updates `set` with a segment that arrived on `queue` and `cpu` and says
-/// why it must be emitted: `OPT_*` bits, 0 for a segment only counted.
+/// why it must be emitted (and what was counted of its flow before it).
 /// `sample`: one in `sample` of the rest is emitted (at least 1).
 ///
 /// Two CPUs updating one set at once can only blur which segment of a race
-/// is emitted (a state that lost an update emits more segments, not fewer).
+/// is emitted (a state that lost an update emits more segments, not fewer),
+/// and how many were counted before it.
 #[inline(always)]
-pub fn decide(set: &mut FlowSet, seg: &SegmentHead, queue: u32, cpu: u32, sample: u32) -> u8 {
+pub fn decide(set: &mut FlowSet, seg: &SegmentHead, queue: u32, cpu: u32, sample: u32) -> Decision {
     let end = seg.seq.wrapping_add(seg.payload_len);
     let path = u64::from(queue) | u64::from(cpu) << 32;
     if set.ways[0].tag != seg.tag {
         // The flow seen last moves to the second way; this one takes the
         // first, with its state if it had the second, else anew: its first
         // segment (or its first since it lost its way) goes out.
-        let second = set.ways[1];
-        set.ways[1] = set.ways[0];
-        if second.tag != seg.tag {
+        let found = set.ways[1].tag == seg.tag;
+        set.move_first_back(found);
+        if !found {
             set.ways[0] = FlowState {
                 tag: seg.tag,
                 path,
                 high_end: end,
                 to_sample: sample - 1,
+                summarized: 0,
+                _pad: 0,
             };
-            return OPT_SAMPLED;
+            return Decision {
+                why: OPT_SAMPLED,
+                summarized: 0,
+            };
         }
-        set.ways[0] = second;
     }
     let state = &mut set.ways[0];
     let mut why = 0;
@@ -138,7 +182,13 @@ pub fn decide(set: &mut FlowSet, seg: &SegmentHead, queue: u32, cpu: u32, sample
             why |= OPT_SAMPLED;
         }
     }
-    why
+    let summarized = state.summarized;
+    if why != 0 {
+        state.summarized = 0;
+    } else if seg.payload_len > 0 {
+        state.summarized += 1;
+    }
+    Decision { why, summarized }
 }
 
 /// A flow's 64-bit hash, never 0 (an empty way).
@@ -338,6 +388,11 @@ mod tests {
         assert!(chi2 < 1.3, "chi-square per degree of freedom {chi2:.2}");
     }
 
+    /// Why `decide` emits the segment (0: only counted).
+    fn why(set: &mut FlowSet, seg: &SegmentHead, queue: u32, cpu: u32, sample: u32) -> u8 {
+        decide(set, seg, queue, cpu, sample).why
+    }
+
     fn head(tag: u64, seq: u32, payload_len: u32, tcp_flags: u8) -> SegmentHead {
         SegmentHead {
             tag,
@@ -357,14 +412,37 @@ mod tests {
         let mut set = FlowSet::EMPTY;
         let tag = 0x1234_5679;
         assert_eq!(
-            decide(&mut set, &nth(tag, 0), 3, 1, SAMPLE),
+            why(&mut set, &nth(tag, 0), 3, 1, SAMPLE),
             OPT_SAMPLED,
             "first"
         );
         let emitted: Vec<u32> = (1..=4 * SAMPLE)
-            .filter(|&n| decide(&mut set, &nth(tag, n), 3, 1, SAMPLE) != 0)
+            .filter(|&n| why(&mut set, &nth(tag, n), 3, 1, SAMPLE) != 0)
             .collect();
         assert_eq!(emitted, [8, 16, 24, 32], "one in {SAMPLE} after the first");
+    }
+
+    /// An emitted segment carries how many of its flow's data segments were
+    /// only counted since the last one emitted: pure ACKs are not among
+    /// them, and a new flow starts from none.
+    #[test]
+    fn emitted_segments_carry_the_count_of_those_kept_back() {
+        let mut set = FlowSet::EMPTY;
+        let tag = 0x5151;
+        assert_eq!(decide(&mut set, &nth(tag, 0), 0, 0, SAMPLE).summarized, 0);
+        let kept: Vec<u32> = (1..=2 * SAMPLE)
+            .map(|n| decide(&mut set, &nth(tag, n), 0, 0, SAMPLE))
+            .filter(|d| d.why != 0)
+            .map(|d| d.summarized)
+            .collect();
+        assert_eq!(kept, [SAMPLE - 1, SAMPLE - 1]);
+        // Three counted, an ACK counted but not as data, then a late one.
+        for n in 2 * SAMPLE + 1..2 * SAMPLE + 4 {
+            assert_eq!(why(&mut set, &nth(tag, n), 0, 0, SAMPLE), 0);
+        }
+        assert_eq!(why(&mut set, &head(tag, 1, 0, ACK), 0, 0, SAMPLE), 0);
+        let late = decide(&mut set, &nth(tag, 3), 0, 0, SAMPLE);
+        assert_eq!((late.why, late.summarized), (OPT_BELOW_HIGH, 3));
     }
 
     #[test]
@@ -373,27 +451,27 @@ mod tests {
         const SAMPLE: u32 = 1000;
         let mut set = FlowSet::EMPTY;
         let tag = 0xabcd_0001;
-        decide(&mut set, &nth(tag, 0), 0, 0, SAMPLE);
+        why(&mut set, &nth(tag, 0), 0, 0, SAMPLE);
         // Segment 2 overtakes segment 1: it opens a hole, 1 arrives late.
-        assert_eq!(decide(&mut set, &nth(tag, 2), 0, 0, SAMPLE), OPT_JUMP);
-        assert_eq!(decide(&mut set, &nth(tag, 1), 0, 0, SAMPLE), OPT_BELOW_HIGH);
+        assert_eq!(why(&mut set, &nth(tag, 2), 0, 0, SAMPLE), OPT_JUMP);
+        assert_eq!(why(&mut set, &nth(tag, 1), 0, 0, SAMPLE), OPT_BELOW_HIGH);
         // In order again: only counted.
-        assert_eq!(decide(&mut set, &nth(tag, 3), 0, 0, SAMPLE), 0);
+        assert_eq!(why(&mut set, &nth(tag, 3), 0, 0, SAMPLE), 0);
         // Another queue, then another CPU on it: each a move.
-        assert_eq!(decide(&mut set, &nth(tag, 4), 1, 0, SAMPLE), OPT_MOVED);
-        assert_eq!(decide(&mut set, &nth(tag, 5), 1, 1, SAMPLE), OPT_MOVED);
-        assert_eq!(decide(&mut set, &nth(tag, 6), 1, 1, SAMPLE), 0);
+        assert_eq!(why(&mut set, &nth(tag, 4), 1, 0, SAMPLE), OPT_MOVED);
+        assert_eq!(why(&mut set, &nth(tag, 5), 1, 1, SAMPLE), OPT_MOVED);
+        assert_eq!(why(&mut set, &nth(tag, 6), 1, 1, SAMPLE), 0);
         // Late and on the old queue: both reasons.
         assert_eq!(
-            decide(&mut set, &nth(tag, 2), 0, 0, SAMPLE),
+            why(&mut set, &nth(tag, 2), 0, 0, SAMPLE),
             OPT_BELOW_HIGH | OPT_MOVED
         );
         // A pure ACK carries no data: never late, never a jump.
-        assert_eq!(decide(&mut set, &head(tag, 1, 0, ACK), 0, 0, SAMPLE), 0);
+        assert_eq!(why(&mut set, &head(tag, 1, 0, ACK), 0, 0, SAMPLE), 0);
         for flag in [SYN, FIN, RST] {
             let end = 1000 + 7 * MSS;
             assert_eq!(
-                decide(&mut set, &head(tag, end, 0, ACK | flag), 0, 0, SAMPLE),
+                why(&mut set, &head(tag, end, 0, ACK | flag), 0, 0, SAMPLE),
                 OPT_SAMPLED,
                 "flag {flag:#x}"
             );
@@ -405,19 +483,13 @@ mod tests {
         let mut set = FlowSet::EMPTY;
         let tag = 0x77;
         let start = u32::MAX - MSS;
-        decide(&mut set, &head(tag, start, MSS, ACK), 0, 0, SAMPLE);
+        why(&mut set, &head(tag, start, MSS, ACK), 0, 0, SAMPLE);
         let past = start.wrapping_add(MSS);
-        assert_eq!(
-            decide(&mut set, &head(tag, past, MSS, ACK), 0, 0, SAMPLE),
-            0
-        );
+        assert_eq!(why(&mut set, &head(tag, past, MSS, ACK), 0, 0, SAMPLE), 0);
         let next = past.wrapping_add(MSS);
+        assert_eq!(why(&mut set, &head(tag, next, MSS, ACK), 0, 0, SAMPLE), 0);
         assert_eq!(
-            decide(&mut set, &head(tag, next, MSS, ACK), 0, 0, SAMPLE),
-            0
-        );
-        assert_eq!(
-            decide(&mut set, &head(tag, start, MSS, ACK), 0, 0, SAMPLE),
+            why(&mut set, &head(tag, start, MSS, ACK), 0, 0, SAMPLE),
             OPT_BELOW_HIGH
         );
     }
@@ -428,14 +500,14 @@ mod tests {
     fn a_new_flow_replaces_the_one_seen_less_recently() {
         let mut set = FlowSet::EMPTY;
         let (a, b, c) = (0x11, 0x23, 0x35);
-        decide(&mut set, &nth(a, 0), 0, 0, SAMPLE);
-        decide(&mut set, &nth(b, 0), 0, 0, SAMPLE);
-        decide(&mut set, &nth(a, 2), 0, 0, SAMPLE); // a used last
-        assert_eq!(decide(&mut set, &nth(c, 0), 0, 0, SAMPLE), OPT_SAMPLED);
-        assert_eq!(decide(&mut set, &nth(a, 1), 0, 0, SAMPLE), OPT_BELOW_HIGH);
+        why(&mut set, &nth(a, 0), 0, 0, SAMPLE);
+        why(&mut set, &nth(b, 0), 0, 0, SAMPLE);
+        why(&mut set, &nth(a, 2), 0, 0, SAMPLE); // a used last
+        assert_eq!(why(&mut set, &nth(c, 0), 0, 0, SAMPLE), OPT_SAMPLED);
+        assert_eq!(why(&mut set, &nth(a, 1), 0, 0, SAMPLE), OPT_BELOW_HIGH);
         // b lost its way: its next segment is a first again.
-        assert_eq!(decide(&mut set, &nth(b, 1), 0, 0, SAMPLE), OPT_SAMPLED);
+        assert_eq!(why(&mut set, &nth(b, 1), 0, 0, SAMPLE), OPT_SAMPLED);
         // ... and c, used less recently than a, lost it to b.
-        assert_eq!(decide(&mut set, &nth(c, 1), 0, 0, SAMPLE), OPT_SAMPLED);
+        assert_eq!(why(&mut set, &nth(c, 1), 0, 0, SAMPLE), OPT_SAMPLED);
     }
 }

@@ -126,6 +126,7 @@ impl Stream {
                 sack: Vec::new(),
                 vlan: None,
                 first_fragment: false,
+                summarized_before: 0,
             });
             self.produced += 1;
         }

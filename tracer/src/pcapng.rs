@@ -173,6 +173,12 @@ impl PcapngWriter {
         cpu[4..8].copy_from_slice(&custom::CPU);
         cpu[8..].copy_from_slice(&s.cpu.to_ne_bytes());
         b.option(opt::CUSTOM_BINARY, &cpu);
+        if s.summarized_before > 0 {
+            let mut n = cpu;
+            n[4..8].copy_from_slice(&custom::SUMMARIZED);
+            n[8..].copy_from_slice(&s.summarized_before.to_ne_bytes());
+            b.option(opt::CUSTOM_BINARY, &n);
+        }
         b.end_options();
         self.block = self.put(b);
         self.packets += 1;

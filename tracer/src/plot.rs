@@ -421,6 +421,7 @@ mod tests {
             sack: vec![],
             vlan: None,
             first_fragment: false,
+            summarized_before: 0,
         }
     }
 

@@ -83,18 +83,15 @@ pub fn text(
     let bytes = r.payload_bytes + summarized_bytes;
     let _ = writeln!(
         out,
-        "  segments   {} seen by {}, {} with data{} ({:.1} MB, {:.1} Mbit/s)",
+        "  segments   {} seen by {}{}, {} with data ({:.1} MB, {:.1} Mbit/s)",
         t.segments + summarized,
         if opts.capture { "the capture" } else { "XDP" },
-        r.data_segments,
         if summarized > 0 {
-            format!(
-                " of the {} emitted (the rest counted in the kernel only: summary mode)",
-                t.segments
-            )
+            format!(" ({summarized} of them counted in the kernel only: summary mode)")
         } else {
             String::new()
         },
+        r.data_segments,
         bytes as f64 / 1e6,
         bytes as f64 * 8.0 / secs / 1e6
     );
@@ -325,7 +322,7 @@ fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions, summarized: b
         f.data_segments,
         pct(f.reordered_ratio),
         f.retransmissions,
-        f.payload_bytes as f64 / 1e6,
+        f.seq_advance_bytes as f64 / 1e6,
         if summarized {
             String::new()
         } else {
@@ -470,7 +467,7 @@ fn kernel_lines(out: &mut String, counters: &Counters) {
     if summarized > 0 {
         let _ = writeln!(
             out,
-            "  summary    {summarized} of {} segments counted in the kernel only (summary mode): reorder counts and verdicts hold; extents, late times' spread and densities see the emitted segments",
+            "  summary    {summarized} of {} segments counted in the kernel only (summary mode): reorder counts, ratios and verdicts hold; extents, late times' spread and densities see the emitted segments",
             counters.get(counter::XDP_TCP)
         );
     }
@@ -575,6 +572,7 @@ mod tests {
                 sack: vec![],
                 vlan: None,
                 first_fragment: false,
+                summarized_before: 0,
             }));
         }
         e

@@ -303,6 +303,10 @@ pub struct FlowReport {
     pub local_retransmits: u64,
     pub rtt_us: Option<u64>,
     pub duration_s: f64,
+    /// How far the flow's sequence numbers advanced while traced: the data
+    /// it moved, each byte once; in summary mode, with the segments kept in
+    /// the kernel (which `payload_bytes` does not see).
+    pub seq_advance_bytes: u64,
     /// The flow's arrivals replayed through the sender policies (none for
     /// a flow without data).
     pub replay: Option<Replay>,
@@ -378,6 +382,7 @@ pub(crate) fn flow_report(
         local_retransmits: f.local_retransmits,
         rtt_us: f.rtt_ns.map(|n| n / 1000),
         duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
+        seq_advance_bytes: f.seq_advance(),
         replay: if replay { f.replay(&cfg.replay) } else { None },
     }
 }

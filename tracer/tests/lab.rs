@@ -794,10 +794,18 @@ fn check_summary_atr(r: &Value, accounted: &dyn Fn(&Value) -> f64, no_tcp_layer:
     for (f, truth, _) in flows(r) {
         let (found, late) = (u(&f["reordered"]), u(&truth["late"]));
         let (qm, qc) = (u(&f["queue_migrations"]), u(&truth["queue_changes"]));
+        let (data, sent) = (u(&f["data_segments"]), u(&truth["segments"]));
         eprintln!(
-            "summary, atr{}: tracer {found} reordered, edge {late} late; queue migrations {qm} vs {qc}; {:.0}% summarized",
+            "summary, atr{}: tracer {found} reordered, edge {late} late; queue migrations {qm} vs {qc}; {data} data segments, the edge sent {sent}; {:.0}% summarized",
             if no_tcp_layer { ", no TCP layer" } else { "" },
             share * 100.0
+        );
+        // Emitted segments carry the count of those kept back before them:
+        // the flow's data segments (the ratios' denominator) are all there,
+        // but for each flow's last few (fewer than the sample).
+        assert!(
+            within(data, sent, 0.01),
+            "{data} data segments, {sent} sent"
         );
         assert_eq!(f["verdict"], "nic-steering", "{}", f["evidence"]);
         let decided_or_not = found + u(&f["ambiguous"]);

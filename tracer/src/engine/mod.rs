@@ -334,6 +334,8 @@ fn add_vec(into: &mut Vec<u64>, from: &[u64]) {
 #[derive(Clone, Debug)]
 struct WireView {
     unwrap: Unwrap,
+    /// The first byte seen (unwrapped).
+    start: u64,
     order: OrderDetector,
     rd: ReorderDensity,
     rbd: BufferDensity,
@@ -357,6 +359,7 @@ impl WireView {
         order.start(start);
         Self {
             unwrap,
+            start,
             order,
             rd: ReorderDensity::new(cfg.dt, start),
             rbd: BufferDensity::new(cfg.bt, start),
@@ -436,6 +439,15 @@ impl TcpLayer {
 }
 
 impl FlowState {
+    /// How far the flow's sequence numbers advanced while traced, in bytes:
+    /// the data it moved, each byte once (not its retransmissions), and the
+    /// segments summary mode kept in the kernel too.
+    pub fn seq_advance(&self) -> u64 {
+        self.wire
+            .as_ref()
+            .map_or(0, |w| w.order.next_exp().saturating_sub(w.start))
+    }
+
     /// The wire view's metrics, with the RFC 5236 frequencies filled in.
     pub fn wire_metrics(&self) -> Option<Metrics> {
         self.wire.as_ref().map(WireView::metrics_with_densities)
@@ -627,6 +639,15 @@ impl Engine {
         } else {
             s.seq
         };
+        // Summary mode: the flow's segments the kernel counted before this
+        // one were in order, on the flow's path.
+        if s.summarized_before > 0 {
+            let n = u64::from(s.summarized_before);
+            w.m.data_segments += n;
+            w.m.in_order += n;
+            w.run += n;
+            path(&mut f.paths, w.queue, w.cpu).segments += n;
+        }
         let start = w.unwrap.ext(seq);
         let a = Arrival {
             start,

@@ -32,6 +32,7 @@ fn seg(flow: Flow, isn: u32, n: u32, ts_us: u64, queue: u32, cpu: u32) -> Segmen
         sack: vec![],
         vlan: None,
         first_fragment: false,
+        summarized_before: 0,
     }
 }
 

@@ -45,6 +45,9 @@ pub struct Packet {
     pub queue: Option<u32>,
     /// The CPU (our traces' custom option).
     pub cpu: Option<u32>,
+    /// Summary mode: the segments of its flow counted, not emitted, before
+    /// it (our traces' custom option; else 0).
+    pub summarized_before: u32,
     /// The interface's kernel index (our traces; else 0).
     pub ifindex: u32,
     pub data: Vec<u8>,
@@ -162,6 +165,9 @@ pub(crate) mod custom {
     pub const RECORD: [u8; 4] = *b"rrec";
     /// EPB option: the CPU (u32).
     pub const CPU: [u8; 4] = *b"rcpu";
+    /// EPB option, summary mode: the flow's data segments the kernel
+    /// counted without emitting them before this one (u32; absent: 0).
+    pub const SUMMARIZED: [u8; 4] = *b"rsum";
     /// ISB option: every kernel counter (u64s, `Counters::words`).
     pub const COUNTERS: [u8; 4] = *b"rcnt";
 }
@@ -423,6 +429,7 @@ impl<R: Read> CaptureReader<R> {
             interface: 0,
             queue: None,
             cpu: None,
+            summarized_before: 0,
             ifindex: 0,
             data,
             offset: at,
@@ -553,13 +560,18 @@ impl<R: Read> CaptureReader<R> {
                     return Ok(Some(self.kernel_record(data)));
                 }
                 let (linktype, units_per_s, meta) = (iface.linktype, iface.units_per_s, iface.meta);
-                let (mut queue, mut cpu) = (None, None);
+                let (mut queue, mut cpu, mut summarized_before) = (None, None, 0);
                 for (code, v) in options(self.big_endian, &body[20 + padded..]) {
                     match code {
                         opt::EPB_QUEUE if v.len() >= 4 => queue = Some(self.u32_at(v, 0)),
                         opt::CUSTOM_BINARY => {
                             if let Some(c) = self.ours(v, custom::CPU).filter(|c| c.len() >= 4) {
                                 cpu = Some(self.u32_at(c, 0));
+                            }
+                            if let Some(n) =
+                                self.ours(v, custom::SUMMARIZED).filter(|n| n.len() >= 4)
+                            {
+                                summarized_before = self.u32_at(n, 0);
                             }
                         }
                         _ => {}
@@ -576,6 +588,7 @@ impl<R: Read> CaptureReader<R> {
                     interface: id,
                     queue,
                     cpu,
+                    summarized_before,
                     ifindex: meta.map_or(0, |m| m.ifindex),
                     data: data.to_vec(),
                     offset: at,
@@ -598,6 +611,7 @@ impl<R: Read> CaptureReader<R> {
                     interface: 0,
                     queue: None,
                     cpu: None,
+                    summarized_before: 0,
                     ifindex: 0,
                     data: body[4..4 + caplen].to_vec(),
                     offset: at,
@@ -705,6 +719,7 @@ pub fn segment(p: &Packet) -> Result<Segment, Skip> {
     e.rx_queue = p.queue.unwrap_or(0);
     e.cpu = p.cpu.unwrap_or(0);
     e.ifindex = p.ifindex;
+    e.summarized = p.summarized_before;
     Ok(e.into())
 }
 

@@ -55,6 +55,10 @@ pub struct Segment {
     pub sack: Vec<(u32, u32)>,
     pub vlan: Option<u16>,
     pub first_fragment: bool,
+    /// Summary mode: the flow's data segments the kernel counted, in order,
+    /// without emitting them, since its previous emitted one.
+    #[serde(default)]
+    pub summarized_before: u32,
 }
 
 /// A segment, or a GRO-coalesced run of segments, as TCP processed it.
@@ -260,6 +264,7 @@ impl From<SegmentEvent> for Segment {
                 .collect(),
             vlan: (e.options & OPT_VLAN != 0).then_some(e.vlan),
             first_fragment: e.options & OPT_FIRST_FRAGMENT != 0,
+            summarized_before: e.summarized,
         }
     }
 }

@@ -318,6 +318,7 @@ pub(crate) mod tests {
             sack: vec![],
             vlan: None,
             first_fragment: false,
+            summarized_before: 0,
         };
         let steered = flow(1);
         let mut t = 10;

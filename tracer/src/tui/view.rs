@@ -61,10 +61,11 @@ pub struct ViewState {
     pub finished: Option<String>,
 }
 
-/// A flow's mean throughput over its lifetime, Mbit/s.
+/// A flow's mean goodput over its lifetime, Mbit/s: how far its sequence
+/// numbers advanced (what summary mode kept in the kernel included).
 pub fn mbit_per_s(f: &FlowReport) -> f64 {
     if f.duration_s > 0.0 {
-        f.payload_bytes as f64 * 8.0 / f.duration_s / 1e6
+        f.seq_advance_bytes as f64 * 8.0 / f.duration_s / 1e6
     } else {
         0.0
     }
