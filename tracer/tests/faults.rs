@@ -242,8 +242,6 @@ fn a_second_tracer_on_the_same_interface_says_so_and_leaves_the_first_alone() {
     if !root_or_skip("a_second_tracer_on_the_same_interface_says_so_and_leaves_the_first_alone") {
         return;
     }
-    // Plain forwarding: no retransmission, so the bytes traced are the
-    // bytes sent.
     let mut lab = a_lab(lab::Mode::Off, 1, 64 << 20);
     let (first, rx) = record(&lab, &["--json", "--quiet"]);
     said(&rx, "tracing TCP received on");
@@ -267,11 +265,16 @@ fn a_second_tracer_on_the_same_interface_says_so_and_leaves_the_first_alone() {
     drop(lab);
     assert_eq!(done.status.code(), Some(0));
     let r: Value = serde_json::from_slice(&done.stdout).unwrap();
-    assert_eq!(
-        u(&r["totals"]["payload_bytes"]),
-        sent,
-        "every byte sent was traced"
-    );
+    // Each byte once (a CI run's sender re-sent a 56-byte tail once, with
+    // plain forwarding: payload seen 67,108,920 of 67,108,864 sent).
+    let advanced: u64 = r["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| u(&f["seq_advance_bytes"]))
+        .sum();
+    assert_eq!(advanced, sent, "every byte sent was traced");
+    assert!(u(&r["totals"]["payload_bytes"]) >= sent);
 }
 
 /// Waits until none of the lab's or the tracer's programs is loaded and no
