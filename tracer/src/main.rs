@@ -68,9 +68,9 @@ struct TraceArgs {
     /// emits only segments that arrive below or above the flow's highest
     /// byte, change RX queue or CPU, and one in N of the rest; the TCP
     /// layer only skbs TCP does not take in order, and one in N of the
-    /// rest; everything is counted. Reorder counts, verdicts and TCP's
-    /// out-of-order and PAWS counts hold; extents and densities see the
-    /// emitted segments only.
+    /// rest; everything is counted. Reorder counts and ratios, verdicts and
+    /// TCP's out-of-order and PAWS counts hold; extents and densities see
+    /// the emitted segments only.
     #[arg(long, value_name = "N")]
     summary: Option<u32>,
     /// Leave out the TCP-layer view (the tcp_probe tracepoint, which runs
