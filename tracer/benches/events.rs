@@ -26,6 +26,10 @@ use tracer_common::counter;
 #[path = "../tests/common/frames.rs"]
 mod frames;
 
+#[path = "common/cpu.rs"]
+mod cpu;
+use cpu::thread_cpu;
+
 const FLOWS: usize = 64;
 const PAYLOAD: u16 = 100;
 const STEP: Duration = Duration::from_millis(1500);
@@ -146,14 +150,6 @@ struct Step {
     dropped: u64,
     received: u64,
     collector_cpu: Duration,
-}
-
-fn thread_cpu() -> Duration {
-    // SAFETY: a valid rusage to fill.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
-    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
-    t(u.ru_utime) + t(u.ru_stime)
 }
 
 fn step(topo: &Topology, rate: u64, senders: usize, ring_mib: u32) -> Step {

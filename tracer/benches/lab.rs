@@ -22,19 +22,15 @@ use tracer::{
 };
 use tracer_common::counter;
 
+#[path = "common/cpu.rs"]
+mod cpu;
+use cpu::thread_cpu;
+
 const ROUNDS: usize = 11;
 const FLOWS: usize = 4;
 const BYTES: u64 = 256 << 20;
 /// Summary mode's sample.
 const SUMMARY: u32 = 64;
-
-fn thread_cpu() -> Duration {
-    // SAFETY: a valid rusage to fill.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
-    let t = |v: libc::timeval| Duration::new(v.tv_sec as u64, v.tv_usec as u32 * 1000);
-    t(u.ru_utime) + t(u.ru_stime)
-}
 
 struct Run {
     mbit: f64,
