@@ -20,6 +20,13 @@ pub fn root_or_skip(test: &str) -> bool {
     false
 }
 
+/// True inside a TCG guest of the kernel matrix (`cargo xtask test
+/// --kernel`): emulated CPUs, several times slower, so uploads get more time
+/// and shares that depend on speed are held more loosely.
+pub fn under_tcg() -> bool {
+    std::env::var_os("TRACER_TEST_TCG").is_some()
+}
+
 /// Where in the lab the tracer is attached.
 #[derive(Clone, Copy)]
 pub enum Side {

@@ -280,11 +280,13 @@ pub struct FilterConfig {
 /// into `::ffff:0:0/96`. The trie's prefix length counts from the top.
 pub type AddrKey = [u8; 16];
 
-/// Kernel structure offsets, resolved from BTF by userspace at load time and
-/// handed to the tracepoint programs as a read-only global.
+/// What the tracepoint programs need to know of the running kernel: its
+/// structure offsets and the shape of its tracepoints, resolved from BTF by
+/// userspace at load time and handed to the programs as a read-only global
+/// (constants to the verifier, which drops the code a kernel cannot run).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KernelOffsets {
+pub struct KernelLayout {
     /// `sk_buff.cb` (where `struct tcp_skb_cb` lives).
     pub skb_cb: u32,
     /// `sk_buff.skb_iif`.
@@ -320,6 +322,10 @@ pub struct KernelOffsets {
     pub tp_rcv_nxt: u32,
     /// `tcp_sock.rx_opt.ts_recent`.
     pub tp_ts_recent: u32,
+    /// 1 if `tcp_retransmit_skb` passes the transmit's result (`err`, its
+    /// third argument; Linux 6.17 on): reading it on an older kernel is
+    /// rejected by the verifier.
+    pub rtx_err: u32,
 }
 
 /// The lab's edge stage: the emulated flow-steering NIC between the lab's
@@ -429,7 +435,7 @@ pub mod edge {
 mod pod {
     use super::*;
     unsafe impl aya::Pod for FilterConfig {}
-    unsafe impl aya::Pod for KernelOffsets {}
+    unsafe impl aya::Pod for KernelLayout {}
     unsafe impl aya::Pod for FlowAddrs {}
     unsafe impl aya::Pod for edge::EdgeConfig {}
 }

@@ -150,6 +150,16 @@ impl Frame for XdpFrame {
     fn opaque(&self, i: usize) -> usize {
         opaque(i)
     }
+
+    #[inline(always)]
+    fn below(&self, a: usize, b: usize) -> bool {
+        below(a, b)
+    }
+
+    #[inline(always)]
+    fn at_most(&self, a: usize, b: usize) -> bool {
+        at_most(a, b)
+    }
 }
 
 /// The option length to copy, for the valid 1..=40 the same value, in a
@@ -161,6 +171,31 @@ fn option_len(offset: usize, len: usize) -> Option<usize> {
         return None;
     }
     Some((opaque(len - 1) & 63) + 1)
+}
+
+/// `a < b` as one conditional jump whose left operand is `a` (see
+/// [`Frame::below`]).
+#[inline(always)]
+fn below(a: usize, b: usize) -> bool {
+    let r: u64;
+    // SAFETY: register moves and a jump over the next instruction.
+    unsafe {
+        core::arch::asm!("{r} = 1", "if {a} < {b} goto +1", "{r} = 0",
+            r = out(reg) r, a = in(reg) a, b = in(reg) b)
+    };
+    r != 0
+}
+
+/// `a <= b`, as [`below`].
+#[inline(always)]
+fn at_most(a: usize, b: usize) -> bool {
+    let r: u64;
+    // SAFETY: register moves and a jump over the next instruction.
+    unsafe {
+        core::arch::asm!("{r} = 1", "if {a} <= {b} goto +1", "{r} = 0",
+            r = out(reg) r, a = in(reg) a, b = in(reg) b)
+    };
+    r != 0
 }
 
 #[inline(always)]
@@ -210,5 +245,15 @@ impl Frame for SkbFrame<'_> {
     #[inline(always)]
     fn opaque(&self, i: usize) -> usize {
         opaque(i)
+    }
+
+    #[inline(always)]
+    fn below(&self, a: usize, b: usize) -> bool {
+        below(a, b)
+    }
+
+    #[inline(always)]
+    fn at_most(&self, a: usize, b: usize) -> bool {
+        at_most(a, b)
     }
 }

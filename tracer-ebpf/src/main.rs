@@ -12,7 +12,7 @@
 //! when a program is already running on a CPU (see `RUNNING`).
 //!
 //! Struct offsets for the tracepoint programs come from userspace, which
-//! resolves them from the running kernel's BTF (`KERNEL_OFFSETS`).
+//! resolves them from the running kernel's BTF (`KERNEL_LAYOUT`).
 #![cfg_attr(target_arch = "bpf", no_std, no_main, feature(asm_experimental_arch))]
 
 #[cfg(not(target_arch = "bpf"))]
@@ -37,7 +37,7 @@ mod programs {
     };
     use tracer_common::{
         counter, kind, tcp_flags, AddrKey, CapturedSegment, CounterBlock, FilterConfig, FlowAddrs,
-        KernelOffsets, PortSet, ProbeEvent, RetransmitEvent, CAPTURED_HEADER, CAPTURE_MAX,
+        KernelLayout, PortSet, ProbeEvent, RetransmitEvent, CAPTURED_HEADER, CAPTURE_MAX,
         FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS, OPT_SAMPLED,
     };
 
@@ -87,7 +87,7 @@ mod programs {
     static ADDRS: LpmTrie<AddrKey, u8> = LpmTrie::with_max_entries(64, BPF_F_NO_PREALLOC);
 
     #[unsafe(no_mangle)]
-    static KERNEL_OFFSETS: Global<KernelOffsets> = Global::new(KernelOffsets {
+    static KERNEL_LAYOUT: Global<KernelLayout> = Global::new(KernelLayout {
         skb_cb: 0,
         skb_iif: 0,
         skb_head: 0,
@@ -113,6 +113,7 @@ mod programs {
         tp_snd_nxt: 0,
         tp_rcv_nxt: 0,
         tp_ts_recent: 0,
+        rtx_err: 0,
     });
 
     /// Ring bytes waiting before an event wakes the collector (set at load
@@ -161,13 +162,10 @@ mod programs {
         }
     }
 
-    /// A field's offset from `KERNEL_OFFSETS`.
+    /// A field's offset from `KERNEL_LAYOUT`.
     macro_rules! offset {
         ($field:ident) => {
-            global_u32(
-                &KERNEL_OFFSETS,
-                core::mem::offset_of!(KernelOffsets, $field),
-            )
+            global_u32(&KERNEL_LAYOUT, core::mem::offset_of!(KernelLayout, $field))
         };
     }
 
@@ -273,12 +271,15 @@ mod programs {
 
     #[inline(always)]
     fn port_wanted(port: u16) -> bool {
+        // Masked where LLVM cannot drop it: a 6.1 verifier keeps no bounds
+        // through a byte swap (a socket's port), and refuses an unbounded
+        // index.
+        let i = opaque(u32::from(port)) & 0xffff;
         // SAFETY: Global is a transparent wrapper of the array; any u16
         // indexes it.
         unsafe {
-            core::ptr::read_volatile(
-                &raw const (*(&raw const PORTS).cast::<PortSet>())[usize::from(port)],
-            ) != 0
+            core::ptr::read_volatile(&raw const (*(&raw const PORTS).cast::<PortSet>())[i as usize])
+                != 0
         }
     }
 
@@ -479,7 +480,7 @@ mod programs {
 
     /// A field of a kernel object whose type the verifier knows (a `tp_btf`
     /// argument, or a struct pointer read from one), at an offset from
-    /// `KERNEL_OFFSETS` (read-only, so a constant to the verifier): one load
+    /// `KERNEL_LAYOUT` (read-only, so a constant to the verifier): one load
     /// instruction, checked against the type's BTF when the program loads
     /// and made fault-safe by the kernel. `read` costs a helper call.
     #[inline(always)]
@@ -786,7 +787,9 @@ mod programs {
     ) -> Result<Outcome<RetransmitEvent>, i32> {
         let sk: *const u8 = ctx.arg(0);
         let skb: *const u8 = ctx.arg(1);
-        let err: i32 = ctx.arg(2);
+        // Before Linux 6.17 the tracepoint has no `err` and fires only for
+        // retransmissions that were sent.
+        let err: i32 = if offset!(rtx_err) != 0 { ctx.arg(2) } else { 0 };
         if !unsafe { in_netns(sk) } {
             return Ok(Outcome::Filtered);
         }

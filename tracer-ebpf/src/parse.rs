@@ -53,6 +53,22 @@ pub trait Frame {
     fn opaque(&self, i: usize) -> usize {
         i
     }
+
+    /// `a < b`; in the kernel one jump with `a` on the left. A 6.1
+    /// verifier decides a comparison from its right operand only: with the
+    /// constant on the left (LLVM's choice) it also walks the way that
+    /// cannot be taken, where bounds contradict each other, and rejects
+    /// the program there.
+    #[inline(always)]
+    fn below(&self, a: usize, b: usize) -> bool {
+        a < b
+    }
+
+    /// `a <= b`, as [`Frame::below`].
+    #[inline(always)]
+    fn at_most(&self, a: usize, b: usize) -> bool {
+        a <= b
+    }
 }
 
 /// A frame's first `N` bytes, known to be there: reads at constant offsets
@@ -478,7 +494,7 @@ fn parse_tcp_options<F: Frame + ?Sized>(
 
     let mut off = 0;
     for _ in 0..MAX_TCP_OPTIONS {
-        if off >= len {
+        if !f.below(off, len) {
             break;
         }
         let kind = at(off);
@@ -490,7 +506,7 @@ fn parse_tcp_options<F: Frame + ?Sized>(
         } else {
             usize::from(at(off + 1))
         };
-        if kind != 1 && (opt_len < 2 || off + opt_len > len) {
+        if kind != 1 && (opt_len < 2 || !f.at_most(off + opt_len, len)) {
             return Err(ParseError::Truncated);
         }
         if kind == 8 && opt_len == 10 {

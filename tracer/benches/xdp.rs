@@ -19,7 +19,7 @@ use aya::{
     programs::{TestRun, TestRunOptions, Xdp},
     EbpfLoader,
 };
-use tracer_common::{counter, CounterBlock, FilterConfig, KernelOffsets, FILTER_PORTS};
+use tracer_common::{counter, CounterBlock, FilterConfig, KernelLayout, FILTER_PORTS};
 
 const BATCH: u32 = 20_000;
 const ROUNDS: usize = 120;
@@ -54,7 +54,7 @@ struct Setup {
 impl Loaded {
     fn new(name: &'static str, program: &'static str, setup: Setup, data: Vec<u8>) -> Self {
         let mut ebpf = EbpfLoader::new()
-            .override_global("KERNEL_OFFSETS", &KernelOffsets::default(), true)
+            .override_global("KERNEL_LAYOUT", &KernelLayout::default(), true)
             .override_global("CAPTURE_SNAPLEN", &setup.snaplen, true)
             .override_global("SUMMARY_SAMPLE", &setup.summary, true)
             .override_global("FILTER", &setup.filter, true)

@@ -471,6 +471,7 @@ impl Output {
                 tracer.mode
             ),
             ifindex: tracer.ifindex,
+            kernel: &tracer.kernel.report(),
         };
         *self = Self::Pcapng(PcapngWriter::create(&path, started, &iface)?);
         Ok(())
@@ -534,6 +535,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
     };
     let mut tracer = Tracer::attach(&opts)?;
     out.file.begin(&tracer, &args.trace)?;
+    say_missing(&tracer);
     eprintln!(
         "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
         traced_on(&tracer.iface, tracer.netns.as_deref()),
@@ -549,10 +551,14 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         !args.trace.quiet,
         screen.link(),
     );
+    let linux = tracer.kernel.report();
     drop(tracer);
     let outcome = screen.close(outcome)?;
     print_report(
-        &engine.snapshot().with_kernel(&outcome.counters),
+        &engine
+            .snapshot()
+            .with_kernel(&outcome.counters)
+            .with_linux(Some(linux)),
         &outcome,
         &header(&opts, &outcome),
         &args.trace.report,
@@ -672,6 +678,13 @@ fn header(opts: &TracerOptions, o: &Outcome) -> String {
     )
 }
 
+/// What the running kernel lacks, one line each, as the run starts.
+fn say_missing(tracer: &Tracer) {
+    for m in tracer.kernel.missing() {
+        eprintln!("tracer: Linux {}: {m}", tracer.kernel.release);
+    }
+}
+
 /// "IF" or "IF in netns NAME".
 fn traced_on(iface: &str, netns: Option<&str>) -> String {
     match netns {
@@ -786,7 +799,10 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     }
     // Our own traces carry the kernel's counters: the report is record's.
     let snapshot = match &summary.kernel {
-        Some(k) => engine.snapshot().with_kernel(k),
+        Some(k) => engine
+            .snapshot()
+            .with_kernel(k)
+            .with_linux(summary.linux.clone()),
         None => engine.snapshot(),
     };
     let elapsed = Duration::from_nanos(summary.last_ns.saturating_sub(summary.first_ns));
@@ -922,6 +938,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     };
     let mut tracer = Tracer::attach(&opts)?;
     out.file.begin(&tracer, &args.trace)?;
+    say_missing(&tracer);
     eprintln!(
         "lab: {} x {:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
@@ -947,6 +964,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         screen.link(),
     );
     let lab_outcome = lab.finish();
+    let linux = tracer.kernel.report();
     drop(tracer);
     drop(lab);
     // (Everything the lab made is gone while the view waits for `q`.)
@@ -982,7 +1000,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         )
     });
     // One snapshot for both reports: it runs every flow's replay.
-    let snapshot = engine.snapshot().with_kernel(&outcome.counters);
+    let snapshot = engine
+        .snapshot()
+        .with_kernel(&outcome.counters)
+        .with_linux(Some(linux));
     print_report(
         &snapshot,
         &outcome,

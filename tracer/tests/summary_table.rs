@@ -16,7 +16,7 @@ use aya::{
     Ebpf, EbpfLoader,
 };
 use tracer_common::{
-    counter, CounterBlock, KernelOffsets, SegmentEvent, OPT_BELOW_HIGH, OPT_SAMPLED, SUMMARY_FLOWS,
+    counter, CounterBlock, KernelLayout, SegmentEvent, OPT_BELOW_HIGH, OPT_SAMPLED, SUMMARY_FLOWS,
 };
 
 use common::root_or_skip;
@@ -31,7 +31,7 @@ struct Program {
 impl Program {
     fn load() -> Self {
         let mut ebpf = EbpfLoader::new()
-            .override_global("KERNEL_OFFSETS", &KernelOffsets::default(), true)
+            .override_global("KERNEL_LAYOUT", &KernelLayout::default(), true)
             .override_global("SUMMARY_SAMPLE", &SAMPLE, true)
             .load(tracer::EBPF_OBJECT)
             .expect("loading the eBPF object");

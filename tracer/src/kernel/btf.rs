@@ -1,13 +1,13 @@
-//! Just enough of a BTF reader to find struct member offsets in the running
-//! kernel (`/sys/kernel/btf/vmlinux`), so no kernel layout is hard-coded.
+//! Just enough of a BTF reader to find struct member offsets, tracepoint
+//! prototypes and enumerators in the running kernel
+//! (`/sys/kernel/btf/vmlinux`), so no kernel layout is hard-coded (what the
+//! tracer makes of them: [`super::features`]).
 //!
 //! Format: <https://docs.kernel.org/bpf/btf.html>. Only the parts needed to
 //! walk structs, unions, typedefs and qualifiers are interpreted; every other
 //! kind is skipped by its documented size.
 
 use std::{collections::HashMap, fmt, path::Path};
-
-use tracer_common::KernelOffsets;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -71,7 +71,8 @@ struct Type {
 pub struct Btf {
     types: Vec<Type>,
     strings: Vec<u8>,
-    structs_by_name: HashMap<String, u32>,
+    /// Named structs, typedefs and enums: (kind, name) -> the first id.
+    by_name: HashMap<(u32, String), u32>,
 }
 
 fn u32_at(data: &[u8], at: usize) -> Result<u32, BtfError> {
@@ -146,7 +147,19 @@ impl Btf {
                     }
                     vlen * 12
                 }
-                KIND_ENUM | KIND_FUNC_PROTO => vlen * 8,
+                // Enumerators (name, value) and parameters (name, type),
+                // kept as members with no offset.
+                KIND_ENUM | KIND_FUNC_PROTO => {
+                    for i in 0..vlen {
+                        let m = at + i * 8;
+                        members.push(Member {
+                            name: u32_at(data, m)?,
+                            ty: u32_at(data, m + 4)?,
+                            bit_offset: 0,
+                        });
+                    }
+                    vlen * 8
+                }
                 KIND_DATASEC | KIND_ENUM64 => vlen * 12,
                 _ => 0,
             };
@@ -161,12 +174,12 @@ impl Btf {
         let mut btf = Btf {
             types,
             strings,
-            structs_by_name: HashMap::new(),
+            by_name: HashMap::new(),
         };
         for (id, t) in btf.types.iter().enumerate() {
-            if t.kind == KIND_STRUCT && t.name != 0 {
+            if matches!(t.kind, KIND_STRUCT | KIND_TYPEDEF | KIND_ENUM) && t.name != 0 {
                 let name = btf.string(t.name).to_string();
-                btf.structs_by_name.entry(name).or_insert(id as u32);
+                btf.by_name.entry((t.kind, name)).or_insert(id as u32);
             }
         }
         Ok(btf)
@@ -213,9 +226,8 @@ impl Btf {
     /// Byte offset and type of a dotted member path (`"ns.inum"`) in
     /// struct `strukt`.
     fn member_path(&self, strukt: &str, path: &str) -> Result<(u32, u32), BtfError> {
-        let mut id = *self
-            .structs_by_name
-            .get(strukt)
+        let mut id = self
+            .named(KIND_STRUCT, strukt)
             .ok_or_else(|| BtfError::NoStruct(strukt.to_string()))?;
         let mut offset = 0;
         for part in path.split('.') {
@@ -226,6 +238,42 @@ impl Btf {
             id = ty;
         }
         Ok((offset, id))
+    }
+
+    fn named(&self, kind: u32, name: &str) -> Option<u32> {
+        self.by_name.get(&(kind, name.to_string())).copied()
+    }
+
+    /// Whether this kernel has a struct of this name.
+    pub fn has_struct(&self, name: &str) -> bool {
+        self.named(KIND_STRUCT, name).is_some()
+    }
+
+    /// Whether enum `enumeration` has the enumerator `value` (e.g.
+    /// `bpf_attach_type`'s `BPF_TCX_EGRESS`).
+    pub fn has_enumerator(&self, enumeration: &str, value: &str) -> bool {
+        self.named(KIND_ENUM, enumeration).is_some_and(|id| {
+            self.types[id as usize]
+                .members
+                .iter()
+                .any(|m| self.string(m.name) == value)
+        })
+    }
+
+    /// How many arguments tracepoint `name` passes to a `tp_btf` program:
+    /// the parameters of its `btf_trace_<name>` prototype, less the leading
+    /// `void *` every one has. `None` if this kernel has no such tracepoint.
+    pub fn tracepoint_args(&self, name: &str) -> Option<u32> {
+        let typedef = self.named(KIND_TYPEDEF, &format!("btf_trace_{name}"))?;
+        let ptr = self.types.get(self.resolve(typedef) as usize)?;
+        if ptr.kind != KIND_PTR {
+            return None;
+        }
+        let proto = self.types.get(self.resolve(ptr.size_or_type) as usize)?;
+        if proto.kind != KIND_FUNC_PROTO {
+            return None;
+        }
+        (proto.members.len() as u32).checked_sub(1)
     }
 
     /// Byte offset of a dotted member path in struct `strukt`.
@@ -249,71 +297,6 @@ impl Btf {
             _ => t.size_or_type,
         }
     }
-
-    /// The offsets the tracepoint programs read, from this kernel's BTF.
-    pub fn kernel_offsets(&self) -> Result<KernelOffsets, BtfError> {
-        // Fields whose width the programs assume.
-        for (s, m, size) in [
-            ("tcp_skb_cb", "seq", 4),
-            ("tcp_skb_cb", "end_seq", 4),
-            ("tcp_skb_cb", "ack_seq", 4),
-            ("sock_common", "skc_family", 2),
-            ("sock_common", "skc_dport", 2),
-            ("sock_common", "skc_num", 2),
-            ("sock_common", "skc_net", 8),
-            ("sk_buff", "skb_iif", 4),
-            ("sk_buff", "head", 8),
-            ("sk_buff", "data", 8),
-            // An offset from head on 64-bit kernels (NET_SKBUFF_DATA_USES_OFFSET).
-            ("sk_buff", "end", 4),
-            ("skb_shared_info", "gso_segs", 2),
-            ("tcp_sock", "srtt_us", 4),
-            ("tcp_sock", "snd_cwnd", 4),
-            ("tcp_sock", "rx_opt.ts_recent", 4),
-        ] {
-            let got = self.size_of_member(s, m)?;
-            if got != size {
-                return Err(BtfError::NoMember(
-                    s.to_string(),
-                    format!("{m} of {size} bytes (this kernel has {got})"),
-                ));
-            }
-        }
-        // The programs get a `struct sock *`: socket fields are made relative
-        // to it (it embeds `sock_common`, and is embedded in `tcp_sock`).
-        let common = self.offset_of("sock", "__sk_common")?;
-        let sock_in_tcp = self.offset_of("tcp_sock", "inet_conn.icsk_inet.sk")?;
-        let sock = |m: &str| Ok::<_, BtfError>(common + self.offset_of("sock_common", m)?);
-        let tcp = |m: &str| Ok::<_, BtfError>(self.offset_of("tcp_sock", m)? - sock_in_tcp);
-        let tcb = |m: &str| self.offset_of("tcp_skb_cb", m);
-        Ok(KernelOffsets {
-            skb_cb: self.offset_of("sk_buff", "cb")?,
-            skb_iif: self.offset_of("sk_buff", "skb_iif")?,
-            skb_head: self.offset_of("sk_buff", "head")?,
-            skb_data: self.offset_of("sk_buff", "data")?,
-            skb_end: self.offset_of("sk_buff", "end")?,
-            shinfo_gso_segs: self.offset_of("skb_shared_info", "gso_segs")?,
-            tcb_seq: tcb("seq")?,
-            tcb_end_seq: tcb("end_seq")?,
-            tcb_ack_seq: tcb("ack_seq")?,
-            tcb_tcp_flags: tcb("tcp_flags")?,
-            sk_family: sock("skc_family")?,
-            sk_daddr: sock("skc_daddr")?,
-            sk_rcv_saddr: sock("skc_rcv_saddr")?,
-            sk_v6_daddr: sock("skc_v6_daddr")?,
-            sk_v6_rcv_saddr: sock("skc_v6_rcv_saddr")?,
-            sk_dport: sock("skc_dport")?,
-            sk_num: sock("skc_num")?,
-            sk_net: sock("skc_net")?,
-            net_inum: self.offset_of("net", "ns.inum")?,
-            tp_srtt_us: tcp("srtt_us")?,
-            tp_snd_cwnd: tcp("snd_cwnd")?,
-            tp_snd_una: tcp("snd_una")?,
-            tp_snd_nxt: tcp("snd_nxt")?,
-            tp_rcv_nxt: tcp("rcv_nxt")?,
-            tp_ts_recent: tcp("rx_opt.ts_recent")?,
-        })
-    }
 }
 
 #[cfg(test)]
@@ -323,7 +306,8 @@ mod tests {
     /// A hand-built BTF blob: `struct outer { int a; union { int b; struct
     /// inner named; }; }` where `struct inner { int pad; int c; }`.
     fn blob() -> Vec<u8> {
-        let strings = b"\0int\0outer\0a\0b\0inner\0pad\0c\0named\0";
+        let strings =
+            b"\0int\0outer\0a\0b\0inner\0pad\0c\0named\0btf_trace_two\0btf_trace_three\0bpf_attach_type\0BPF_X\0BPF_TCX_EGRESS\0";
         let s = |name: &str| {
             let pos = strings
                 .windows(name.len() + 2)
@@ -352,6 +336,21 @@ mod tests {
         ); // 2
         ty(0, KIND_UNION, 2, 8, &[s("b"), 1, 0, s("named"), 2, 0]); // 3
         ty(s("outer"), KIND_STRUCT, 2, 12, &[s("a"), 1, 0, 0, 3, 32]); // 4
+                                                                       // Tracepoint prototypes as vmlinux has them: a typedef of a
+                                                                       // pointer to (void *, the arguments...), parameters unnamed.
+        ty(0, KIND_FUNC_PROTO, 3, 0, &[0, 0, 0, 1, 0, 1]); // 5: (void *, int, int)
+        ty(0, KIND_PTR, 0, 5, &[]); // 6
+        ty(s("btf_trace_two"), KIND_TYPEDEF, 0, 6, &[]); // 7
+        ty(0, KIND_FUNC_PROTO, 4, 0, &[0, 0, 0, 1, 0, 1, 0, 1]); // 8
+        ty(0, KIND_PTR, 0, 8, &[]); // 9
+        ty(s("btf_trace_three"), KIND_TYPEDEF, 0, 9, &[]); // 10
+        ty(
+            s("bpf_attach_type"),
+            KIND_ENUM,
+            2,
+            4,
+            &[s("BPF_X"), 0, s("BPF_TCX_EGRESS"), 47],
+        ); // 11
         let mut out = vec![0x9f, 0xeb, 1, 0];
         for v in [
             24u32,
@@ -385,62 +384,22 @@ mod tests {
     }
 
     #[test]
+    fn counts_tracepoint_arguments_and_finds_enumerators() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(btf.tracepoint_args("two"), Some(2));
+        assert_eq!(btf.tracepoint_args("three"), Some(3));
+        assert_eq!(btf.tracepoint_args("none"), None);
+        assert!(btf.has_enumerator("bpf_attach_type", "BPF_TCX_EGRESS"));
+        assert!(!btf.has_enumerator("bpf_attach_type", "BPF_TCX_INGRESS"));
+        assert!(!btf.has_enumerator("nope", "BPF_X"));
+        assert!(btf.has_struct("inner") && !btf.has_struct("outer_not"));
+    }
+
+    #[test]
     fn rejects_garbage() {
         assert!(Btf::parse(b"not btf at all, definitely not").is_err());
         let mut b = blob();
         b.truncate(40);
         assert!(Btf::parse(&b).is_err());
-    }
-
-    /// The running kernel's layout, checked against what bpftool (an
-    /// independent BTF reader) prints, when both are available.
-    #[test]
-    fn vmlinux_offsets_match_bpftool() {
-        let path = Path::new(VMLINUX_BTF);
-        let Ok(out) = std::process::Command::new("bpftool")
-            .args(["btf", "dump", "file", VMLINUX_BTF, "format", "raw"])
-            .output()
-        else {
-            eprintln!("skipped: bpftool not installed");
-            return;
-        };
-        if !path.exists() || !out.status.success() {
-            eprintln!("skipped: no {VMLINUX_BTF} or bpftool failed");
-            return;
-        }
-        let dump = String::from_utf8_lossy(&out.stdout);
-        // Direct members of a named struct, as bpftool lists them.
-        let direct = |strukt: &str, member: &str| -> u32 {
-            let header = format!("STRUCT '{strukt}' ");
-            let mut lines = dump.lines().skip_while(|l| !l.contains(&header));
-            lines.next().expect("struct in bpftool output");
-            let needle = format!("'{member}' ");
-            let line = lines
-                .take_while(|l| l.starts_with('\t'))
-                .find(|l| l.trim_start().starts_with(&needle))
-                .expect("member in bpftool output");
-            let bits: u32 = line
-                .split("bits_offset=")
-                .nth(1)
-                .unwrap()
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
-            bits / 8
-        };
-        let btf = Btf::from_file(path).unwrap();
-        let off = btf.kernel_offsets().unwrap();
-        assert_eq!(off.skb_cb, direct("sk_buff", "cb"));
-        assert_eq!(off.tcb_seq, direct("tcp_skb_cb", "seq"));
-        assert_eq!(off.tcb_end_seq, direct("tcp_skb_cb", "end_seq"));
-        assert_eq!(off.tcb_ack_seq, direct("tcp_skb_cb", "ack_seq"));
-        assert_eq!(off.tp_srtt_us, direct("tcp_sock", "srtt_us"));
-        assert_eq!(off.tp_snd_nxt, direct("tcp_sock", "snd_nxt"));
-        assert_eq!(off.sk_v6_daddr, direct("sock_common", "skc_v6_daddr"));
-        assert_eq!(off.sk_net, direct("sock_common", "skc_net"));
-        assert_eq!(off.skb_end, direct("sk_buff", "end"));
-        assert_eq!(off.shinfo_gso_segs, direct("skb_shared_info", "gso_segs"));
     }
 }

@@ -3,13 +3,13 @@
 //! the kernel-side counters.
 
 pub mod btf;
+pub mod features;
 pub mod netns;
 
 use std::{
     ffi::CString,
     fmt,
     os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
-    path::Path,
 };
 
 use anyhow::{Context, Result};
@@ -21,6 +21,7 @@ use aya::{
 use tracer_common::{counter, CounterBlock, FilterConfig, PortSet, FILTER_ADDRS, FILTER_PORTS};
 
 use crate::{filter::trie_key, Filter, SetupError};
+pub use features::{KernelFeatures, KernelReport};
 use netns::NetnsGuard;
 
 /// Which XDP attachment to ask for.
@@ -100,6 +101,8 @@ impl TracerOptions {
 
 /// The loaded and attached programs. Dropping it detaches everything.
 pub struct Tracer {
+    /// The running kernel, as the programs were fitted to it.
+    pub kernel: &'static KernelFeatures,
     pub iface: String,
     pub netns: Option<String>,
     pub ifindex: u32,
@@ -126,17 +129,7 @@ impl Tracer {
             ))
             .into());
         }
-        let btf_path = Path::new(btf::VMLINUX_BTF);
-        if !btf_path.exists() {
-            return Err(SetupError::Environment(format!(
-                "this kernel exposes no BTF at {} (needs CONFIG_DEBUG_INFO_BTF=y)",
-                btf::VMLINUX_BTF
-            ))
-            .into());
-        }
-        let offsets = btf::Btf::from_file(btf_path)
-            .and_then(|b| b.kernel_offsets())
-            .map_err(|e| SetupError::Environment(e.to_string()))?;
+        let kernel = KernelFeatures::running()?;
         let aya_btf = aya::Btf::from_sys_fs().context("parsing kernel BTF for tp_btf")?;
 
         // Everything that names the interface happens inside its namespace.
@@ -149,7 +142,7 @@ impl Tracer {
 
         let ports = port_set(&opts.filter);
         let mut ebpf = EbpfLoader::new()
-            .override_global("KERNEL_OFFSETS", &offsets, true)
+            .override_global("KERNEL_LAYOUT", &kernel.layout, true)
             .override_global("CAPTURE_SNAPLEN", &opts.snaplen, true)
             .override_global("SUMMARY_SAMPLE", &opts.summary_sample, true)
             .override_global("WAKEUP_BYTES", &(opts.ring_bytes / 8), true)
@@ -177,7 +170,7 @@ impl Tracer {
                     .try_into()
                     .with_context(|| format!("program {name} is not tp_btf"))?;
                 prog.load(tracepoint, &aya_btf)
-                    .with_context(|| format!("loading tp_btf/{tracepoint} ({name})"))?;
+                    .map_err(|e| rejected(&name, &format!("tp_btf/{tracepoint}"), e))?;
                 // (Without the TCP layer, tcp_probe is loaded, not attached:
                 // its counters stay zero.)
                 if opts.tcp_layer || tracepoint != "tcp_probe" {
@@ -196,7 +189,7 @@ impl Tracer {
             let xdp: &mut Xdp = program(&mut ebpf, "tag_rx")?
                 .try_into()
                 .context("program tag_rx is not XDP")?;
-            xdp.load().context("loading XDP program tag_rx")?;
+            xdp.load().map_err(|e| rejected("tag_rx", "XDP", e))?;
             attach_xdp(xdp, ifindex, opts)?
         } else {
             AttachedMode::Off
@@ -207,6 +200,7 @@ impl Tracer {
         let counters =
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("no COUNTERS map")?)?;
         Ok(Self {
+            kernel,
             iface: opts.iface.clone(),
             netns: opts.netns.clone(),
             ifindex,
@@ -302,6 +296,86 @@ fn recursion_misses(prog: BorrowedFd<'_>) -> Result<u64> {
         }
         Ok(info.recursion_misses)
     }
+}
+
+/// A program this kernel would not load, as one line: the program, the
+/// kernel release and the verifier's reason. The verifier's whole log goes
+/// to a file the line names.
+pub fn rejected(program: &str, hook: &str, e: ProgramError) -> anyhow::Error {
+    let release = KernelFeatures::running().map_or("(unknown release)", |k| k.release.as_str());
+    let ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = e
+    else {
+        return anyhow::Error::new(e).context(format!(
+            "loading program {program} ({hook}) on Linux {release}"
+        ));
+    };
+    let log = verifier_log.to_string();
+    let cause = verifier_cause(&log).unwrap_or_else(|| io_error.to_string());
+    let saved = save_verifier_log(program, &log).map_or_else(
+        |e| format!(" (its log could not be saved: {e})"),
+        |path| format!("; the verifier's log is in {}", path.display()),
+    );
+    SetupError::Environment(format!(
+        "Linux {release} rejected program {program} ({hook}): {cause}{saved}"
+    ))
+    .into()
+}
+
+/// The verifier's reason in its log: the lines after the last instruction
+/// it walked, before its statistics, and that instruction's number.
+pub fn verifier_cause(log: &str) -> Option<String> {
+    let lines: Vec<&str> = log
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let statistics = |l: &str| {
+        [
+            "verification time",
+            "stack depth",
+            "processed ",
+            "max_states_per_insn",
+        ]
+        .iter()
+        .any(|p| l.starts_with(p))
+    };
+    // "2316: (71) r7 = *(u8 *)(r4 +0)", and its register state lines.
+    let instruction = |l: &str| {
+        l.split_once(':')
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let end = lines.iter().rposition(|l| !statistics(l))? + 1;
+    let last = lines[..end].iter().rposition(|l| instruction(l));
+    let start = last.map_or(end - 1, |i| i + 1).min(end - 1);
+    let cause = lines[start..end]
+        .iter()
+        .filter(|l| !l.starts_with(';'))
+        .copied()
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(match last.and_then(|i| lines[i].split_once(':')) {
+        Some((n, _)) => format!("{cause} (instruction {n})"),
+        None => cause,
+    })
+}
+
+/// Writes a verifier log to a new file of its own in the temporary
+/// directory.
+fn save_verifier_log(program: &str, log: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::io::Write;
+    let path = std::env::temp_dir().join(format!(
+        "tracer-verifier-{program}-{}.log",
+        std::process::id()
+    ));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    f.write_all(log.as_bytes())?;
+    Ok(path)
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::programs::Program> {
@@ -590,3 +664,40 @@ pub const COUNTER_NAMES: [&str; counter::COUNT as usize] = [
     "probe_summarized",
     "xdp_summarized_bytes",
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::verifier_cause;
+
+    /// Logs as Linux 6.1's verifier ended them (shortened before the end).
+    #[test]
+    fn the_verifier_s_reason_is_its_last_words_before_the_statistics() {
+        let log = "0: R1=ctx(off=0,imm=0) R10=fp0
+; pub fn tcp_rtx0(ctx: BtfTracePointContext) -> i32 {
+0: (bf) r7 = r1                       ; R1=ctx(off=0,imm=0) R7_w=ctx(off=0,imm=0)
+; btf_arg(self, n)
+28: (79) r8 = *(u64 *)(r7 +16)
+func 'tcp_retransmit_skb' doesn't have 3-th argument
+invalid bpf_context access off=16 size=8
+verification time 3603 usec
+stack depth 72
+processed 27 insns (limit 1000000) max_states_per_insn 0 total_states 1 peak_states 1 mark_read 1
+";
+        assert_eq!(
+            verifier_cause(log).unwrap(),
+            "func 'tcp_retransmit_skb' doesn't have 3-th argument; invalid bpf_context access off=16 size=8 (instruction 28)"
+        );
+        let log = "2315: (0f) r4 += r2                   ; R2_w=scalar(umin=16,umax=11,var_off=(0x10; 0x7)) R4_w=scalar()
+2316: (71) r7 = *(u8 *)(r4 +0)
+R4 invalid mem access 'scalar'
+verification time 432780 usec
+stack depth 224+0
+processed 9941 insns (limit 1000000) max_states_per_insn 10 total_states 76 peak_states 67 mark_read 10
+";
+        assert_eq!(
+            verifier_cause(log).unwrap(),
+            "R4 invalid mem access 'scalar' (instruction 2316)"
+        );
+        assert_eq!(verifier_cause(""), None);
+    }
+}

@@ -29,7 +29,10 @@ use std::{
 use anyhow::{Context, Result};
 use aya::{
     maps::{Array, CpuMap, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{tc::TcAttachType, SchedClassifier, Xdp, XdpMode},
+    programs::{
+        tc::{self, NlOptions, TcAttachOptions, TcAttachType},
+        LinkOrder, SchedClassifier, Xdp, XdpMode,
+    },
     Ebpf,
 };
 use serde::Serialize;
@@ -40,7 +43,10 @@ use super::{
     truth::{TableChange, Truth, TruthRecord},
     Topology, EDGE_CLIENT_IF, EDGE_SERVER_IF,
 };
-use crate::{kernel::netns::NetnsGuard, SetupError};
+use crate::{
+    kernel::{self, netns::NetnsGuard, KernelFeatures},
+    SetupError,
+};
 
 /// How the edge treats the upload.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -149,15 +155,26 @@ impl Edge {
                 .program_mut("edge_steer")
                 .context("no edge_steer program")?
                 .try_into()?;
-            xdp.load().context("loading edge_steer")?;
+            xdp.load()
+                .map_err(|e| kernel::rejected("edge_steer", "XDP", e))?;
             xdp.attach(EDGE_CLIENT_IF, XdpMode::Driver)
                 .with_context(|| format!("attaching edge_steer to {EDGE_CLIENT_IF}"))?;
             let tc: &mut SchedClassifier = ebpf
                 .program_mut("edge_egress")
                 .context("no edge_egress program")?
                 .try_into()?;
-            tc.load().context("loading edge_egress")?;
-            tc.attach(EDGE_SERVER_IF, TcAttachType::Egress)
+            tc.load()
+                .map_err(|e| kernel::rejected("edge_egress", "tc", e))?;
+            // Before tcx (Linux 6.6), through a clsact qdisc and a netlink
+            // filter, which go with the namespace.
+            let how = if KernelFeatures::running()?.tcx {
+                TcAttachOptions::TcxOrder(LinkOrder::default())
+            } else {
+                tc::qdisc_add_clsact(EDGE_SERVER_IF)
+                    .with_context(|| format!("adding a clsact qdisc to {EDGE_SERVER_IF}"))?;
+                TcAttachOptions::Netlink(NlOptions::default())
+            };
+            tc.attach_with_options(EDGE_SERVER_IF, TcAttachType::Egress, how)
                 .with_context(|| format!("attaching edge_egress to {EDGE_SERVER_IF} egress"))?;
         }
         let ring = RingBuf::try_from(ebpf.take_map("TRUTH").context("no TRUTH map")?)?;

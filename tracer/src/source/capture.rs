@@ -16,7 +16,7 @@ use tracer_common::SegmentEvent;
 use tracer_ebpf::parse::{self, ParseError};
 
 use super::{Flow, Observation, Segment};
-use crate::kernel::Counters;
+use crate::kernel::{Counters, KernelReport};
 
 /// What is wrong with a capture, and where (bytes from the file's start).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,6 +170,28 @@ pub(crate) mod custom {
     pub const SUMMARIZED: [u8; 4] = *b"rsum";
     /// ISB option: every kernel counter (u64s, `Counters::words`).
     pub const COUNTERS: [u8; 4] = *b"rcnt";
+    /// SHB option: the kernel traced on, as [`linux_lines`] writes it.
+    pub const LINUX: [u8; 4] = *b"rlnx";
+
+    use crate::kernel::KernelReport;
+
+    /// The release, then each thing it lacks, one per line.
+    pub fn linux_lines(k: &KernelReport) -> String {
+        std::iter::once(k.release.as_str())
+            .chain(k.missing.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// What [`linux_lines`] wrote.
+    pub fn parse_linux(b: &[u8]) -> KernelReport {
+        let text = String::from_utf8_lossy(b);
+        let mut lines = text.split('\n').map(String::from);
+        KernelReport {
+            release: lines.next().unwrap_or_default(),
+            missing: lines.collect(),
+        }
+    }
 }
 
 /// What our trace's meta block said.
@@ -217,6 +239,8 @@ pub struct CaptureReader<R> {
     big_endian: bool,
     kind: Kind,
     done: bool,
+    /// Our trace's: the kernel it was recorded on (its last section's).
+    linux: Option<KernelReport>,
 }
 
 fn truncated(offset: u64, what: &str) -> CaptureError {
@@ -244,6 +268,7 @@ impl<R: Read> CaptureReader<R> {
                 interfaces: Vec::new(),
             },
             done: false,
+            linux: None,
         };
         match (le, be) {
             (PCAP_US | PCAP_NS, _) | (_, PCAP_US | PCAP_NS) => {
@@ -331,7 +356,14 @@ impl<R: Read> CaptureReader<R> {
         };
         let total = self.u32_at(&head, 0);
         self.check_block(start, total)?;
-        self.bytes(total as usize - 12, "a section header")?;
+        let body = self.bytes(total as usize - 12, "a section header")?;
+        // Version (4 bytes) and section length (8), options, the trailer.
+        let options_at = body
+            .get(12..body.len().saturating_sub(4))
+            .unwrap_or_default();
+        self.linux = options(self.big_endian, options_at)
+            .filter(|&(code, _)| code == opt::CUSTOM_BINARY)
+            .find_map(|(_, v)| self.ours(v, custom::LINUX).map(custom::parse_linux));
         self.kind = Kind::Pcapng {
             interfaces: Vec::new(),
         };
@@ -774,6 +806,8 @@ pub struct CaptureSummary {
     pub undecodable: u64,
     /// The kernel's final counters, from our trace's last statistics block.
     pub kernel: Option<Counters>,
+    /// The kernel our trace was recorded on.
+    pub linux: Option<KernelReport>,
     /// Where the file stopped making sense (what came before was fed).
     pub error: Option<CaptureError>,
 }
@@ -843,6 +877,7 @@ pub fn feed<R: Read>(
             Err(Skip::LinkType(_)) => s.unsupported_link += 1,
         }
     }
+    s.linux = reader.linux;
     s
 }
 
@@ -1127,6 +1162,10 @@ mod round_trip {
             name: "veth0",
             description: "veth0, XDP native, headers only",
             ifindex: 7,
+            kernel: &KernelReport {
+                release: "6.1.0-57-cloud-amd64".into(),
+                missing: vec!["no err".into(), "no more".into()],
+            },
         };
         let mut w = PcapngWriter::create(path, file, &iface).unwrap();
         let mut sent = Vec::new();
@@ -1227,6 +1266,12 @@ mod round_trip {
         // Every field: times back on the kernel's clock, queue, CPU, ifindex.
         assert_eq!(stream, sent);
         assert_eq!(last_counters, Some(counters));
+        // The section says which kernel, and what it lacked.
+        let mut r = CaptureReader::new(&bytes[..]).unwrap();
+        while r.next_item().is_some() {}
+        let linux = r.linux.expect("the kernel recorded on");
+        assert_eq!(linux.release, "6.1.0-57-cloud-amd64");
+        assert_eq!(linux.missing, ["no err", "no more"]);
     }
 
     #[test]

@@ -10,3 +10,11 @@ pub fn root_or_skip(test: &str) -> bool {
     }
     root
 }
+
+/// True inside a TCG guest of the kernel matrix (`cargo xtask test
+/// --kernel`): emulated CPUs, several times slower, so uploads get more time
+/// and shares that depend on speed are held more loosely.
+#[allow(dead_code)] // (not every test target needs it)
+pub fn under_tcg() -> bool {
+    std::env::var_os("TRACER_TEST_TCG").is_some()
+}
