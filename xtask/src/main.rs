@@ -1,6 +1,9 @@
 //! `cargo xtask setup | build-and-run | lab | test | bench | fuzz`: the
 //! project's own tasks.
 
+mod guest;
+mod matrix;
+
 use std::{
     path::{Path, PathBuf},
     process::{Command, ExitCode},
@@ -33,9 +36,15 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Unit tests plus the root-only kernel integration tests, serialised.
+    /// Unit tests plus the root-only kernel integration tests, serialised,
+    /// on this host's kernel and/or inside guests of other releases.
     Test {
-        /// Extra arguments for `cargo test` (e.g. a test name filter).
+        /// Which kernels: `host` (this machine's), a guest series (`6.1`,
+        /// `6.12`: Debian's kernel under qemu), or `all` of them.
+        #[arg(long, value_enum, default_value_t = KernelChoice::Host)]
+        kernel: KernelChoice,
+        /// Extra arguments for `cargo test` (e.g. a test name filter; in
+        /// the guests, filters of test names).
         #[arg(last = true)]
         args: Vec<String>,
     },
@@ -49,6 +58,20 @@ enum Task {
         #[arg(default_value_t = 60)]
         secs: u64,
     },
+    /// Inside a kernel-matrix guest: runs its plan (started by the guest's
+    /// init).
+    #[command(hide = true)]
+    GuestRun,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum KernelChoice {
+    Host,
+    #[value(name = "6.1")]
+    V6_1,
+    #[value(name = "6.12")]
+    V6_12,
+    All,
 }
 
 /// The bpf-linker release that builds against the preinstalled nightly's
@@ -59,8 +82,10 @@ const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// not-root test), `iptables` (drops that force retransmissions; the lab's
 /// NFQUEUE rule in pattern mode), `ethtool`, `tmux` (a terminal for the
 /// live view's end-to-end test), `tcpdump` (captures for `analyze`'s),
-/// `tshark` (the independent reader of our pcapng traces) and `prometheus`
-/// (its `promtool` checks the metrics and the alert rules).
+/// `tshark` (the independent reader of our pcapng traces), `prometheus`
+/// (its `promtool` checks the metrics and the alert rules), and for the
+/// kernel matrix `qemu-system-x86` (the guests), `kmod` (`depmod` and the
+/// guests' `modprobe`) and `binutils` (`strip`).
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
     "bpftool",
@@ -71,9 +96,15 @@ const APT_PACKAGES: &[&str] = &[
     "tcpdump",
     "tshark",
     "prometheus",
+    "qemu-system-x86",
+    "kmod",
+    "binutils",
 ];
 
 fn main() -> ExitCode {
+    if std::process::id() == 1 {
+        guest::init();
+    }
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
@@ -90,9 +121,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Task::Lab { args } => {
             build_and_run(std::iter::once("lab".to_string()).chain(args).collect())
         }
-        Task::Test { args } => test(&args),
+        Task::Test { kernel, args } => test(kernel, &args),
         Task::Bench => bench(),
         Task::Fuzz { secs } => fuzz(secs),
+        Task::GuestRun => guest::run().map(|()| ExitCode::SUCCESS),
     }
 }
 
@@ -220,7 +252,50 @@ fn build_and_run(args: Vec<String>) -> Result<ExitCode> {
     })
 }
 
-fn test(extra: &[String]) -> Result<ExitCode> {
+fn test(kernel: KernelChoice, extra: &[String]) -> Result<ExitCode> {
+    let series: Vec<&matrix::Series> = match kernel {
+        KernelChoice::Host => Vec::new(),
+        KernelChoice::V6_1 => vec![&matrix::SERIES[0]],
+        KernelChoice::V6_12 => vec![&matrix::SERIES[1]],
+        KernelChoice::All => matrix::SERIES.iter().collect(),
+    };
+    if matches!(kernel, KernelChoice::Host | KernelChoice::All) {
+        host_tests(extra)?;
+    }
+    if series.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let filters: Vec<String> = extra
+        .iter()
+        .filter(|a| !a.starts_with('-'))
+        .cloned()
+        .collect();
+    let results = matrix::run(&series, &filters)?;
+    println!("\nkernel matrix:");
+    let mut ok = true;
+    for r in &results {
+        println!(
+            "  Linux {:<32} {:>3} passed, {} failed  ({}, {:.0} s; console log {})",
+            r.release,
+            r.passed.len(),
+            r.failed.len(),
+            r.accel,
+            r.elapsed.as_secs_f64(),
+            r.log.display()
+        );
+        for f in &r.failed {
+            println!("      FAILED {f}");
+        }
+        ok &= r.failed.is_empty() && !r.passed.is_empty();
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn host_tests(extra: &[String]) -> Result<()> {
     if !is_root() {
         println!("xtask: not root: the kernel integration tests will say `skipped: needs root`");
     }
@@ -233,7 +308,7 @@ fn test(extra: &[String]) -> Result<ExitCode> {
         .arg("test")
         .args(extra)
         .args(["--", "--test-threads=1"]))?;
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn bench() -> Result<ExitCode> {

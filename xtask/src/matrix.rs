@@ -1,0 +1,690 @@
+//! The kernel matrix: the root integration tests inside guests of the
+//! kernels users run, as `cargo xtask test --kernel 6.1|6.12|all`.
+//!
+//! For each kernel: Debian's newest package of the series (`apt-get
+//! download`, kept under `target/kernel-matrix/`), its modules indexed with
+//! `depmod`; an initramfs holding this build's test binaries at their own
+//! paths, the tools they call (with their libraries) and the kernel's
+//! modules (loaded on demand by the kernel through `modprobe`, as on a
+//! host); booted under `qemu-system-x86_64` (KVM where a guest boots, else
+//! TCG), with this xtask binary as its `/init` ([`crate::guest`]). Results
+//! come back over the serial console, one `MATRIX` line each.
+
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{BufRead, BufReader, BufWriter, Write},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{cargo, guest, root_dir, sh};
+
+/// A kernel series of the matrix.
+pub struct Series {
+    pub name: &'static str,
+    /// Debian's package names of the series; the newest is tested.
+    package: &'static str,
+}
+
+pub const SERIES: [Series; 2] = [
+    Series {
+        name: "6.1",
+        package: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64$",
+    },
+    Series {
+        name: "6.12",
+        package: r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64$",
+    },
+];
+
+/// The integration tests run in every guest (test target, test names):
+/// what differs between kernels is loading, attaching and what the kernel
+/// counts. Left on the host: tests of our own files and screens against
+/// tools the guest does not carry (tshark, tcpdump, promtool, tmux), and
+/// of userspace alone.
+pub const GUEST_TESTS: &[(&str, &[&str])] = &[
+    (
+        "tracer",
+        &[
+            "kernel::features::tests::vmlinux_layout_matches_bpftool",
+            "kernel::features::tests::features_agree_with_tracefs_and_the_release",
+        ],
+    ),
+    ("programs", &[]),
+    (
+        "capture",
+        &[
+            "ipv4_upload_is_traced_exactly",
+            "ipv6_upload_is_traced_exactly",
+            "generic_xdp_upload_is_traced_exactly",
+            "filter_keeps_other_flows_out_of_the_ring",
+            "tcp_probe_under_load_is_accounted_exactly",
+            "local_retransmissions_match_the_senders_own_count",
+        ],
+    ),
+    ("summary_table", &[]),
+    (
+        "lab",
+        &[
+            "off_mode_reports_no_reordering",
+            "atr_reordering_is_found_and_attributed_at_three_intensities",
+            "summary_mode_keeps_the_reorder_counts_and_verdicts",
+        ],
+    ),
+    (
+        "cli",
+        &["sigint_ends_with_a_summary_and_sigkill_leaves_nothing_attached"],
+    ),
+    (
+        "faults",
+        &["sigkill_during_lab_leaves_no_namespace_or_program"],
+    ),
+];
+
+/// Tools the tests and the tracer run, copied from this host with their
+/// libraries (`ip` for the namespaces, `iptables` for drops and the lab's
+/// pattern mode, `mount` for the full-disk test, `bpftool` as the
+/// independent BTF reader, `modprobe` for the kernel's module requests).
+const TOOLS: &[&str] = &[
+    "/usr/sbin/ip",
+    "/usr/sbin/iptables",
+    "/usr/sbin/ip6tables",
+    "/usr/sbin/bpftool",
+    "/usr/bin/mount",
+    "/usr/bin/umount",
+    "/usr/bin/kmod",
+    "/usr/bin/sh",
+];
+
+/// Plugins `iptables` opens at run time.
+const XTABLES: &str = "/usr/lib/x86_64-linux-gnu/xtables";
+
+/// Longest a guest may run before it is stopped (the matrix's share of
+/// CI's 90 minutes).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// How long a KVM guest gets to say it booted before TCG is used instead.
+const KVM_BOOT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// One kernel's outcome.
+pub struct KernelResult {
+    pub release: String,
+    pub accel: &'static str,
+    pub passed: Vec<String>,
+    pub failed: Vec<String>,
+    pub elapsed: Duration,
+    pub log: PathBuf,
+}
+
+/// Runs the guest tests on every series in `series`; `filters` narrow the
+/// tests by substring, as `cargo test`'s do.
+pub fn run(series: &[&Series], filters: &[String]) -> Result<Vec<KernelResult>> {
+    let cache = root_dir().join("target/kernel-matrix");
+    std::fs::create_dir_all(&cache).context("creating target/kernel-matrix")?;
+    let binaries = test_binaries()?;
+    let plan = plan(&binaries, filters)?;
+    let mut kvm = kvm_usable();
+    let mut results = Vec::new();
+    for s in series {
+        let kernel = fetch(s, &cache)?;
+        let image = cache.join(format!("{}.cpio", kernel.release));
+        build_image(&kernel, &binaries, &plan, &cache, &image)?;
+        let log = cache.join(format!("{}.log", kernel.release));
+        println!(
+            "matrix: Linux {} ({}), {} tests",
+            kernel.release,
+            kernel.package,
+            plan.iter().map(|t| t.tests.len()).sum::<usize>()
+        );
+        let mut outcome = None;
+        if kvm {
+            match boot(&kernel, &image, &log, "kvm")? {
+                Some(r) => outcome = Some(r),
+                None => {
+                    println!(
+                        "matrix: a KVM guest did not boot within {KVM_BOOT_TIMEOUT:?}; using TCG"
+                    );
+                    kvm = false;
+                }
+            }
+        }
+        let result = match outcome {
+            Some(r) => r,
+            None => boot(&kernel, &image, &log, "tcg")?
+                .context("the TCG guest did not boot (see the log)")?,
+        };
+        results.push(result);
+    }
+    Ok(results)
+}
+
+/// A fetched kernel package.
+struct Kernel {
+    package: String,
+    release: String,
+    /// The package's files.
+    root: PathBuf,
+}
+
+impl Kernel {
+    fn vmlinuz(&self) -> PathBuf {
+        self.root.join(format!("boot/vmlinuz-{}", self.release))
+    }
+
+    fn modules(&self) -> PathBuf {
+        self.root.join("lib/modules").join(&self.release)
+    }
+}
+
+/// The newest package of `series` in apt's lists, downloaded and unpacked
+/// into `cache` once.
+fn fetch(series: &Series, cache: &Path) -> Result<Kernel> {
+    let mut names = packages(series.package)?;
+    if names.is_empty() {
+        sh(Command::new("apt-get").args(["update", "-q"]))?;
+        names = packages(series.package)?;
+    }
+    let package = names.pop().with_context(|| {
+        format!(
+            "no Debian package for Linux {} (apt-cache search '{}') in apt's lists",
+            series.name, series.package
+        )
+    })?;
+    let dir = cache.join(&package);
+    let root = dir.join("root");
+    if !root.join("boot").exists() {
+        std::fs::create_dir_all(&dir)?;
+        println!("matrix: fetching {package}");
+        let status = Command::new("apt-get")
+            .args(["download", "-q", &package])
+            .current_dir(&dir)
+            .status()
+            .context("running apt-get")?;
+        if !status.success() {
+            bail!("apt-get download {package} failed ({status})");
+        }
+        let deb = std::fs::read_dir(&dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|e| e == "deb"))
+            .context("apt-get download left no .deb")?;
+        let unpacking = dir.join("root.partial");
+        let _ = std::fs::remove_dir_all(&unpacking);
+        sh(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacking))?;
+        std::fs::rename(&unpacking, &root)?;
+        std::fs::remove_file(&deb)?;
+    }
+    let release = std::fs::read_dir(root.join("lib/modules"))
+        .context("the kernel package has no lib/modules")?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .next()
+        .context("the kernel package has no modules directory")?;
+    let kernel = Kernel {
+        package,
+        release,
+        root,
+    };
+    if !kernel.modules().join("modules.dep").exists() {
+        sh(Command::new("depmod")
+            .arg("-b")
+            .arg(&kernel.root)
+            .arg(&kernel.release))?;
+    }
+    Ok(kernel)
+}
+
+/// Package names matching `pattern`, oldest first.
+fn packages(pattern: &str) -> Result<Vec<String>> {
+    let out = Command::new("apt-cache")
+        .args(["search", "--names-only", pattern])
+        .output()
+        .context("running apt-cache (the matrix fetches Debian's kernels)")?;
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect();
+    names.sort_by_key(|n| numbers(n));
+    Ok(names)
+}
+
+/// The numbers in a name, in order: what versions sort by.
+fn numbers(name: &str) -> Vec<u64> {
+    name.split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse().ok())
+        .collect()
+}
+
+/// This build's test executables by target name, and the `tracer` binary
+/// the end-to-end tests run.
+struct Binaries {
+    /// Target name -> (executable, its package's directory).
+    tests: BTreeMap<String, (PathBuf, PathBuf)>,
+    tracer: PathBuf,
+}
+
+fn test_binaries() -> Result<Binaries> {
+    let out = cargo()
+        .args([
+            "test",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .current_dir(root_dir())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("building the tests")?;
+    if !out.status.success() {
+        bail!("building the tests failed");
+    }
+    let mut tests = BTreeMap::new();
+    let mut tracer = None;
+    for line in out.stdout.split(|&b| b == b'\n') {
+        let Ok(msg) = serde_json::from_slice::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let name = msg["target"]["name"].as_str().unwrap_or_default();
+        if msg["profile"]["test"].as_bool() == Some(true) {
+            // The library's unit tests go by the package's name.
+            let kinds = &msg["target"]["kind"];
+            if kinds
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "bin"))
+            {
+                continue;
+            }
+            let dir = Path::new(msg["manifest_path"].as_str().unwrap_or("/"))
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .to_path_buf();
+            tests.insert(name.to_string(), (PathBuf::from(exe), dir));
+        } else if name == "tracer" {
+            tracer = Some(PathBuf::from(exe));
+        }
+    }
+    Ok(Binaries {
+        tests,
+        tracer: tracer.context("cargo built no tracer binary")?,
+    })
+}
+
+/// The guest's plan: [`GUEST_TESTS`] narrowed by `filters` (substrings of
+/// test names, as `cargo test`'s).
+fn plan(binaries: &Binaries, filters: &[String]) -> Result<Vec<guest::Step>> {
+    let mut plan = Vec::new();
+    for &(target, names) in GUEST_TESTS {
+        let (exe, dir) = binaries
+            .tests
+            .get(target)
+            .with_context(|| format!("cargo built no test target {target}"))?;
+        let names = if names.is_empty() {
+            listed(exe)?
+        } else {
+            names.iter().map(|n| n.to_string()).collect()
+        };
+        let tests: Vec<String> = names
+            .into_iter()
+            .filter(|t| filters.is_empty() || filters.iter().any(|f| t.contains(f.as_str())))
+            .collect();
+        if !tests.is_empty() {
+            plan.push(guest::Step {
+                target: target.to_string(),
+                exe: exe.clone(),
+                dir: dir.clone(),
+                tests,
+            });
+        }
+    }
+    if plan.is_empty() {
+        bail!("no guest test matches {filters:?}");
+    }
+    Ok(plan)
+}
+
+/// The tests in a test binary (`--list` runs none).
+fn listed(exe: &Path) -> Result<Vec<String>> {
+    let out = Command::new(exe)
+        .args(["--list", "--format", "terse"])
+        .output()
+        .with_context(|| format!("listing the tests of {}", exe.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(String::from)
+        .collect())
+}
+
+/// Whether a KVM guest could run here at all (the device opens).
+fn kvm_usable() -> bool {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok()
+}
+
+/// Writes the guest's initramfs (an uncompressed cpio archive: TCG
+/// decompresses slowly).
+fn build_image(
+    kernel: &Kernel,
+    binaries: &Binaries,
+    plan: &[guest::Step],
+    cache: &Path,
+    image: &Path,
+) -> Result<()> {
+    let mut tree = Tree::default();
+    // Debian's merged /usr.
+    for (link, to) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+    ] {
+        tree.insert(Path::new("/").join(link), Entry::Symlink(to.into()));
+    }
+    for dir in [
+        "/proc", "/sys", "/dev", "/tmp", "/run", "/root", "/etc", "/matrix",
+    ] {
+        tree.dir(Path::new(dir));
+    }
+    for file in [
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/ld.so.cache",
+        "/etc/protocols",
+    ] {
+        if Path::new(file).exists() {
+            tree.host_file(Path::new(file))?;
+        }
+    }
+    // The init: this very binary.
+    let me = std::env::current_exe().context("finding the xtask binary")?;
+    tree.executable(Path::new(guest::INIT), &me)?;
+    for tool in TOOLS {
+        tree.executable(Path::new(tool), Path::new(tool))?;
+    }
+    tree.symlink(Path::new("/usr/sbin/modprobe"), "../bin/kmod");
+    tree.symlink(Path::new("/usr/sbin/depmod"), "../bin/kmod");
+    for entry in std::fs::read_dir(XTABLES)
+        .with_context(|| format!("reading {XTABLES} (apt package iptables)"))?
+    {
+        let path = entry?.path();
+        tree.executable(&path, &path)?;
+    }
+    // Test binaries where cargo put them (their paths are compiled in),
+    // without debug information (a tenth of the size).
+    let stripped = cache.join("bin");
+    std::fs::create_dir_all(&stripped)?;
+    for exe in plan.iter().map(|s| &s.exe).chain([&binaries.tracer]) {
+        let copy = stripped.join(exe.file_name().unwrap());
+        sh(Command::new("strip")
+            .arg("--strip-debug")
+            .arg("-o")
+            .arg(&copy)
+            .arg(exe))?;
+        tree.insert(exe.clone(), Entry::File(copy, 0o755));
+        tree.libraries(exe)?;
+    }
+    for step in plan {
+        tree.dir(&step.dir);
+    }
+    tree.copy_dir(
+        &kernel.modules(),
+        &Path::new("/usr/lib/modules").join(&kernel.release),
+    )?;
+    tree.insert(
+        Path::new(guest::PLAN).to_path_buf(),
+        Entry::Data(serde_json::to_vec(plan)?, 0o644),
+    );
+    tree.write(image)
+}
+
+/// An initramfs's contents, by path inside the guest.
+#[derive(Default)]
+struct Tree(BTreeMap<PathBuf, Entry>);
+
+enum Entry {
+    Dir,
+    /// A host file's contents, with this mode.
+    File(PathBuf, u32),
+    Data(Vec<u8>, u32),
+    Symlink(PathBuf),
+}
+
+impl Tree {
+    fn insert(&mut self, at: PathBuf, entry: Entry) {
+        for parent in at.ancestors().skip(1) {
+            if parent != Path::new("/") && !self.0.contains_key(parent) {
+                self.0.insert(parent.to_path_buf(), Entry::Dir);
+            }
+        }
+        self.0.insert(at, entry);
+    }
+
+    fn dir(&mut self, at: &Path) {
+        self.insert(at.to_path_buf(), Entry::Dir);
+    }
+
+    fn symlink(&mut self, at: &Path, to: &str) {
+        self.insert(at.to_path_buf(), Entry::Symlink(to.into()));
+    }
+
+    fn host_file(&mut self, path: &Path) -> Result<()> {
+        self.insert(path.to_path_buf(), Entry::File(path.to_path_buf(), 0o644));
+        Ok(())
+    }
+
+    /// A host executable (or library) at `at`, with the libraries it loads.
+    fn executable(&mut self, at: &Path, host: &Path) -> Result<()> {
+        self.insert(at.to_path_buf(), Entry::File(host.to_path_buf(), 0o755));
+        self.libraries(host)
+    }
+
+    /// The shared libraries `ldd` lists for `exe`, each at its path with
+    /// the directory resolved (merged /usr) and the file name kept (the
+    /// soname the loader looks for).
+    fn libraries(&mut self, exe: &Path) -> Result<()> {
+        let out = Command::new("ldd")
+            .arg(exe)
+            .output()
+            .context("running ldd")?;
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(lib) = line.split_whitespace().find(|w| w.starts_with('/')) else {
+                continue;
+            };
+            let lib = Path::new(lib);
+            let dir = lib.parent().unwrap().canonicalize()?;
+            let at = dir.join(lib.file_name().unwrap());
+            if !self.0.contains_key(&at) {
+                self.insert(at, Entry::File(lib.to_path_buf(), 0o755));
+            }
+        }
+        // The loader's own path as binaries name it.
+        Ok(())
+    }
+
+    /// Every file under host directory `from`, at `to`.
+    fn copy_dir(&mut self, from: &Path, to: &Path) -> Result<()> {
+        self.dir(to);
+        for entry in
+            std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))?
+        {
+            let entry = entry?;
+            let (path, kind) = (entry.path(), entry.file_type()?);
+            let at = to.join(entry.file_name());
+            if kind.is_dir() {
+                self.copy_dir(&path, &at)?;
+            } else if kind.is_symlink() {
+                self.insert(at, Entry::Symlink(std::fs::read_link(&path)?));
+            } else {
+                self.insert(at, Entry::File(path, 0o644));
+            }
+        }
+        Ok(())
+    }
+
+    /// The tree as a "newc" cpio archive, parents before children.
+    fn write(&self, image: &Path) -> Result<()> {
+        let mut out = BufWriter::new(
+            File::create(image).with_context(|| format!("creating {}", image.display()))?,
+        );
+        let mut ino = 1;
+        for (path, entry) in &self.0 {
+            let name = path.strip_prefix("/").unwrap_or(path);
+            let (mode, data): (u32, Vec<u8>) = match entry {
+                Entry::Dir => (0o040_755, Vec::new()),
+                Entry::File(host, mode) => (
+                    0o100_000 | mode,
+                    std::fs::read(host).with_context(|| format!("reading {}", host.display()))?,
+                ),
+                Entry::Data(bytes, mode) => (0o100_000 | mode, bytes.clone()),
+                Entry::Symlink(to) => (0o120_777, to.as_os_str().as_encoded_bytes().to_vec()),
+            };
+            cpio_entry(
+                &mut out,
+                ino,
+                mode,
+                name.as_os_str().as_encoded_bytes(),
+                &data,
+            )?;
+            ino += 1;
+        }
+        cpio_entry(&mut out, ino, 0, b"TRAILER!!!", &[])?;
+        out.flush()?;
+        Ok(())
+    }
+}
+
+/// One cpio "newc" record: a header of hexadecimal fields, the name, the
+/// data, each padded to four bytes.
+fn cpio_entry(out: &mut impl Write, ino: u32, mode: u32, name: &[u8], data: &[u8]) -> Result<()> {
+    let nlink = if mode & 0o170_000 == 0o040_000 { 2 } else { 1 };
+    let fields = [
+        ino,
+        mode,
+        0,
+        0,
+        nlink,
+        0,
+        data.len() as u32,
+        0,
+        0,
+        0,
+        0,
+        name.len() as u32 + 1,
+        0,
+    ];
+    let mut header = String::from("070701");
+    for f in fields {
+        header.push_str(&format!("{f:08x}"));
+    }
+    out.write_all(header.as_bytes())?;
+    out.write_all(name)?;
+    out.write_all(&[0])?;
+    let pad = |n: usize| (4 - n % 4) % 4;
+    out.write_all(&[0; 3][..pad(110 + name.len() + 1)])?;
+    out.write_all(data)?;
+    out.write_all(&[0; 3][..pad(data.len())])?;
+    Ok(())
+}
+
+/// Boots `image` on `kernel`, streaming the guest's console (prefixed with
+/// its series) and keeping it in `log`. `None` if a KVM guest did not say
+/// it booted in time.
+fn boot(
+    kernel: &Kernel,
+    image: &Path,
+    log: &Path,
+    accel: &'static str,
+) -> Result<Option<KernelResult>> {
+    let start = Instant::now();
+    let mut child = Command::new("qemu-system-x86_64")
+        .args(["-accel", accel, "-smp", "2", "-m", "4G"])
+        .args([
+            "-nographic",
+            "-no-reboot",
+            "-nic",
+            "none",
+            "-serial",
+            "mon:stdio",
+        ])
+        .arg("-kernel")
+        .arg(kernel.vmlinuz())
+        .arg("-initrd")
+        .arg(image)
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit={} {}={accel}",
+            guest::INIT,
+            guest::ACCEL_ARG
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting qemu-system-x86_64 (apt package qemu-system-x86)")?;
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap_or_default()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut file = BufWriter::new(File::create(log)?);
+    let mut booted = false;
+    let (mut passed, mut failed) = (Vec::new(), Vec::new());
+    let mut done = false;
+    loop {
+        let limit = if booted || accel == "tcg" {
+            GUEST_TIMEOUT
+        } else {
+            KVM_BOOT_TIMEOUT
+        };
+        let left = limit.saturating_sub(start.elapsed());
+        let line = match rx.recv_timeout(left) {
+            Ok(line) => line,
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                if !booted {
+                    return Ok(None);
+                }
+                failed.push(format!(
+                    "(the guest ran past {GUEST_TIMEOUT:?} and was stopped)"
+                ));
+                break;
+            }
+        };
+        let line = line.trim_end_matches('\r').to_string();
+        writeln!(file, "{line}")?;
+        match guest::parse(&line) {
+            Some(guest::Report::Booted) => booted = true,
+            Some(guest::Report::Passed(t)) => passed.push(t),
+            Some(guest::Report::Failed(t)) => failed.push(t),
+            Some(guest::Report::Done) => done = true,
+            None => {}
+        }
+        println!("[{}] {line}", kernel.release);
+    }
+    let _ = child.wait();
+    file.flush()?;
+    if !done && failed.is_empty() {
+        failed.push("(the guest ended before its tests did)".to_string());
+    }
+    Ok(Some(KernelResult {
+        release: kernel.release.clone(),
+        accel,
+        passed,
+        failed,
+        elapsed: start.elapsed(),
+        log: log.to_path_buf(),
+    }))
+}
