@@ -535,12 +535,12 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
     };
     let mut tracer = Tracer::attach(&opts)?;
     out.file.begin(&tracer, &args.trace)?;
-    say_missing(&tracer);
     eprintln!(
         "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
         traced_on(&tracer.iface, tracer.netns.as_deref()),
         tracer.mode
     );
+    say_missing(&tracer);
     let mut screen = LiveScreen::open(live, &tracer)?;
     let outcome = collect(
         &mut tracer,
@@ -938,7 +938,6 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     };
     let mut tracer = Tracer::attach(&opts)?;
     out.file.begin(&tracer, &args.trace)?;
-    say_missing(&tracer);
     eprintln!(
         "lab: {} x {:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
@@ -952,6 +951,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         lab.topo.queues,
         tracer.mode
     );
+    say_missing(&tracer);
     let mut screen = LiveScreen::open(args.live, &tracer)?;
     lab.start_upload()?;
     let outcome = collect(

@@ -307,13 +307,26 @@ fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_repo
     // middle. Everything before the damage is analysed, then one line
     // says where (exit 1).
     let bytes = std::fs::read(&file).unwrap();
-    let mut at = 0;
-    while at < bytes.len() / 2 {
-        at += u32::from_ne_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
-    }
+    let block_len =
+        |at: usize| u32::from_ne_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+    // The first block starting at or after `from`.
+    let block_at = |from: usize| {
+        let mut at = 0;
+        while at < from {
+            at += block_len(at);
+        }
+        at
+    };
+    let at = block_at(bytes.len() / 2);
     let mut corrupt = bytes.clone();
     corrupt[at + 4..at + 8].copy_from_slice(&0xffff_fff0u32.to_ne_bytes());
-    let cut = &bytes[..bytes.len() * 3 / 5 + 3];
+    // Cut inside a block's body, past its 8-byte header (a cut in the
+    // header is the other message: "inside a block header").
+    let mut cut_at = block_at(bytes.len() * 3 / 5);
+    while block_len(cut_at) < 16 {
+        cut_at += block_len(cut_at);
+    }
+    let cut = &bytes[..cut_at + 12];
     for (copy, says) in [
         (cut, "the file ends inside a block (cut short?)".to_string()),
         (
