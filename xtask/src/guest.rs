@@ -127,7 +127,7 @@ pub fn run() -> Result<()> {
         .status();
     for step in &plan {
         let mut cmd = Command::new(&step.exe);
-        cmd.args(["--test-threads=1", "--exact"])
+        cmd.args(["--test-threads=1", "--exact", "--show-output"])
             .args(&step.tests)
             .current_dir(&step.dir)
             .env("PATH", path)
@@ -145,9 +145,8 @@ pub fn run() -> Result<()> {
             let line = line.unwrap_or_default();
             println!("{line}");
             if let Some(rest) = line.strip_prefix("test ") {
-                if let Some((name, verdict)) = rest.rsplit_once(" ... ") {
-                    let word = if verdict == "ok" { "ok" } else { "FAILED" };
-                    println!("MATRIX {word} {}::{name}", step.target);
+                if let Some((name, verdict @ ("ok" | "FAILED"))) = rest.rsplit_once(" ... ") {
+                    println!("MATRIX {verdict} {}::{name}", step.target);
                     seen.push(name.to_string());
                 }
             }

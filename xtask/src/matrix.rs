@@ -181,14 +181,18 @@ impl Kernel {
 }
 
 /// The newest package of `series` in apt's lists, downloaded and unpacked
-/// into `cache` once.
+/// into `cache` once. Stale lists (no such package, or one the archive no
+/// longer has) are updated and the newest looked up again.
 fn fetch(series: &Series, cache: &Path) -> Result<Kernel> {
-    let mut names = packages(series.package)?;
-    if names.is_empty() {
+    fetch_newest(series, cache).or_else(|e| {
+        println!("matrix: {e:#}; updating apt's lists");
         sh(Command::new("apt-get").args(["update", "-q"]))?;
-        names = packages(series.package)?;
-    }
-    let package = names.pop().with_context(|| {
+        fetch_newest(series, cache)
+    })
+}
+
+fn fetch_newest(series: &Series, cache: &Path) -> Result<Kernel> {
+    let package = packages(series.package)?.pop().with_context(|| {
         format!(
             "no Debian package for Linux {} (apt-cache search '{}') in apt's lists",
             series.name, series.package
