@@ -7,7 +7,7 @@ use tracer::{
     engine::{Engine, EngineConfig},
     kernel::{Tracer, TracerOptions, XdpModeChoice},
     lab::{self, FlowResult, Lab, LabSpec, Topology, Upload, UploadSpec},
-    record::{self, Collect, Outcome, RecordOptions},
+    record::{self, Collect, Outcome, RecordOptions, Sink},
 };
 
 /// True when running as root; otherwise says the test is skipped.
@@ -56,22 +56,33 @@ pub fn traced_lab(
     Ok((lab, tracer))
 }
 
-/// Runs an upload and records everything the tracer sees meanwhile, through
-/// the engine as `tracer record` does.
 /// What a traced upload gives: the tracer's outcome, every observation, the
 /// sockets' own counts and the engine fed with the observations.
 pub type Recorded = (Outcome, Collect, Vec<FlowResult>, Engine);
 
+/// Runs an upload and records everything the tracer sees meanwhile, through
+/// the engine as `tracer record` does.
 pub fn record_upload(topo: &Topology, tracer: &mut Tracer, spec: &UploadSpec) -> Result<Recorded> {
-    let upload = Upload::start(topo, spec)?;
     // Room up front: growing a vector of a million observations stalls the
     // consumer long enough to fill the ring under a multi-gigabit upload.
     let mut collect = Collect(Vec::with_capacity(4_000_000));
+    let (outcome, results, engine) = record_upload_into(topo, tracer, spec, &mut collect)?;
+    Ok((outcome, collect, results, engine))
+}
+
+/// The same, into `sink`.
+pub fn record_upload_into(
+    topo: &Topology,
+    tracer: &mut Tracer,
+    spec: &UploadSpec,
+    sink: &mut dyn Sink,
+) -> Result<(Outcome, Vec<FlowResult>, Engine)> {
+    let upload = Upload::start(topo, spec)?;
     let mut engine = Engine::new(EngineConfig::default());
     let outcome = record::run(
         tracer,
         &mut engine,
-        &mut [&mut collect],
+        &mut [sink],
         || upload.finished(),
         RecordOptions {
             duration: Some(spec.timeout + Duration::from_secs(5)),
@@ -81,7 +92,7 @@ pub fn record_upload(topo: &Topology, tracer: &mut Tracer, spec: &UploadSpec) ->
         },
     )?;
     let results = upload.join()?;
-    Ok((outcome, collect, results, engine))
+    Ok((outcome, results, engine))
 }
 
 /// How a set of byte ranges covers [0, len): bytes covered more than once,

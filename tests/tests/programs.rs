@@ -7,12 +7,11 @@
 
 use std::time::Duration;
 
-use tests::root_or_skip;
+use tests::{record_upload_into, root_or_skip};
 use tracer::{
-    engine::{Engine, EngineConfig},
     kernel::{self, AttachedMode, Tracer, TracerOptions, XdpModeChoice},
-    lab::{self, Lab, LabSpec, Mode, Pattern, Upload, UploadSpec},
-    record::{self, RecordOptions, Sink},
+    lab::{self, Lab, LabSpec, Mode, Pattern, UploadSpec},
+    record::Sink,
     source::{Observation, Raw},
     Filter,
 };
@@ -146,23 +145,9 @@ fn run_case(case: &Case) {
         timeout: Duration::from_secs(60),
         pacing: None,
     };
-    let upload = Upload::start(topo, &spec).expect("upload");
     let mut seen = Seen::default();
-    let mut engine = Engine::new(EngineConfig::default());
-    let outcome = record::run(
-        &mut tracer,
-        &mut engine,
-        &mut [&mut seen],
-        || upload.finished(),
-        RecordOptions {
-            duration: Some(spec.timeout + Duration::from_secs(5)),
-            progress: false,
-            live: None,
-            metrics: None,
-        },
-    )
-    .expect("record");
-    let results = upload.join().expect("upload results");
+    let (outcome, results, _) =
+        record_upload_into(topo, &mut tracer, &spec, &mut seen).expect("upload");
     assert_eq!(
         results[0].received, BYTES,
         "{name}: the upload did not finish"

@@ -7,6 +7,26 @@ use aya_ebpf::{
 
 use crate::parse::{Frame, Head, OptionBytes, MAX_TCP_OPTION_BYTES};
 
+/// `a OP b` (`"<"`, `"<="`) as one conditional jump whose left operand is
+/// `a` (see [`Frame::below`]).
+macro_rules! compare {
+    ($a:expr, $op:literal, $b:expr) => {{
+        let r: u64;
+        // SAFETY: register moves and a jump over the next instruction.
+        unsafe {
+            core::arch::asm!(
+                "{r} = 1",
+                concat!("if {a} ", $op, " {b} goto +1"),
+                "{r} = 0",
+                r = out(reg) r,
+                a = in(reg) $a,
+                b = in(reg) $b,
+            )
+        };
+        r != 0
+    }};
+}
+
 /// The XDP packet as a [`Frame`]: every read is checked against
 /// `data_end`, which is also what the verifier needs.
 pub struct XdpFrame {
@@ -153,12 +173,12 @@ impl Frame for XdpFrame {
 
     #[inline(always)]
     fn below(&self, a: usize, b: usize) -> bool {
-        below(a, b)
+        compare!(a, "<", b)
     }
 
     #[inline(always)]
     fn at_most(&self, a: usize, b: usize) -> bool {
-        at_most(a, b)
+        compare!(a, "<=", b)
     }
 }
 
@@ -171,31 +191,6 @@ fn option_len(offset: usize, len: usize) -> Option<usize> {
         return None;
     }
     Some((opaque(len - 1) & 63) + 1)
-}
-
-/// `a < b` as one conditional jump whose left operand is `a` (see
-/// [`Frame::below`]).
-#[inline(always)]
-fn below(a: usize, b: usize) -> bool {
-    let r: u64;
-    // SAFETY: register moves and a jump over the next instruction.
-    unsafe {
-        core::arch::asm!("{r} = 1", "if {a} < {b} goto +1", "{r} = 0",
-            r = out(reg) r, a = in(reg) a, b = in(reg) b)
-    };
-    r != 0
-}
-
-/// `a <= b`, as [`below`].
-#[inline(always)]
-fn at_most(a: usize, b: usize) -> bool {
-    let r: u64;
-    // SAFETY: register moves and a jump over the next instruction.
-    unsafe {
-        core::arch::asm!("{r} = 1", "if {a} <= {b} goto +1", "{r} = 0",
-            r = out(reg) r, a = in(reg) a, b = in(reg) b)
-    };
-    r != 0
 }
 
 #[inline(always)]
@@ -249,11 +244,11 @@ impl Frame for SkbFrame<'_> {
 
     #[inline(always)]
     fn below(&self, a: usize, b: usize) -> bool {
-        below(a, b)
+        compare!(a, "<", b)
     }
 
     #[inline(always)]
     fn at_most(&self, a: usize, b: usize) -> bool {
-        at_most(a, b)
+        compare!(a, "<=", b)
     }
 }

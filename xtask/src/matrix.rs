@@ -315,7 +315,7 @@ fn test_binaries() -> Result<Binaries> {
 }
 
 /// The guest's plan: [`GUEST_TESTS`] narrowed by `filters` (substrings of
-/// test names, as `cargo test`'s).
+/// `target::test`).
 fn plan(binaries: &Binaries, filters: &[String]) -> Result<Vec<guest::Step>> {
     let mut plan = Vec::new();
     for &(target, names) in GUEST_TESTS {
@@ -330,7 +330,10 @@ fn plan(binaries: &Binaries, filters: &[String]) -> Result<Vec<guest::Step>> {
         };
         let tests: Vec<String> = names
             .into_iter()
-            .filter(|t| filters.is_empty() || filters.iter().any(|f| t.contains(f.as_str())))
+            .filter(|t| {
+                let path = format!("{target}::{t}");
+                filters.is_empty() || filters.iter().any(|f| path.contains(f.as_str()))
+            })
             .collect();
         if !tests.is_empty() {
             plan.push(guest::Step {

@@ -162,7 +162,7 @@ fn layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         tp_snd_nxt: tcp("snd_nxt")?,
         tp_rcv_nxt: tcp("rcv_nxt")?,
         tp_ts_recent: tcp("rx_opt.ts_recent")?,
-        rtx_err: u32::from(btf.tracepoint_args("tcp_retransmit_skb") == Some(3)),
+        rtx_err: u32::from(retransmit_err(btf)),
     })
 }
 

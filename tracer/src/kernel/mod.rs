@@ -154,7 +154,9 @@ impl Tracer {
             .override_global("PORTS", &*ports, true)
             .map_max_entries("EVENTS", opts.ring_bytes)
             .load(crate::EBPF_OBJECT)
-            .context("loading the eBPF object")?;
+            .with_context(|| {
+                format!("loading the eBPF object's maps on Linux {}", kernel.release)
+            })?;
         fill_prefixes(&mut ebpf, &opts.filter)?;
 
         // Copy i of each handles what the kernel skipped for copies 0..i (see

@@ -121,8 +121,9 @@ impl Edge {
         let queue_cpus: Vec<u32> = (0..topo.queues)
             .map(|q| cpus[q as usize % cpus.len()])
             .collect();
-        let mut ebpf =
-            Ebpf::load(crate::LAB_EDGE_OBJECT).context("loading the lab's edge programs")?;
+        let kernel = KernelFeatures::running()?;
+        let mut ebpf = Ebpf::load(crate::LAB_EDGE_OBJECT)
+            .with_context(|| format!("loading the lab's edge maps on Linux {}", kernel.release))?;
         let steer = matches!(mode, Mode::Atr { .. });
         Array::<_, EdgeConfig>::try_from(ebpf.map_mut("CONFIG").context("no CONFIG map")?)?.set(
             0,
@@ -167,7 +168,7 @@ impl Edge {
                 .map_err(|e| kernel::rejected("edge_egress", "tc", e))?;
             // Before tcx (Linux 6.6), through a clsact qdisc and a netlink
             // filter, which go with the namespace.
-            let how = if KernelFeatures::running()?.tcx {
+            let how = if kernel.tcx {
                 TcAttachOptions::TcxOrder(LinkOrder::default())
             } else {
                 tc::qdisc_add_clsact(EDGE_SERVER_IF)
