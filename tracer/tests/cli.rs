@@ -315,6 +315,18 @@ fn sigint_ends_with_a_summary_and_sigkill_leaves_nothing_attached() {
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("(SIGINT)"), "{stdout}");
     assert!(stdout.contains("flows, most reordered first"), "{stdout}");
+    // The report names the kernel, and says what it lacks: before 6.17,
+    // tracefs shows tcp_retransmit_skb without its `err`.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(
+        stdout.contains(&format!("  linux      {}\n", release.trim())),
+        "{stdout}"
+    );
+    let format = "/sys/kernel/tracing/events/tcp/tcp_retransmit_skb/format";
+    if let Ok(format) = std::fs::read_to_string(format) {
+        let lacks = stdout.contains("  missing    tcp_retransmit_skb passes no err");
+        assert_eq!(lacks, !format.contains("int err;"), "{stdout}");
+    }
     assert!(!xdp_attached());
     assert!(nothing_loaded());
 
