@@ -1,7 +1,9 @@
 //! Inside a kernel-matrix guest ([`crate::matrix`]): this xtask binary is
 //! the guest's `/init`. As PID 1 it mounts what a host has (proc, sysfs,
-//! devtmpfs, tmpfs, bpffs, tracefs), starts itself again as `guest-run` to
-//! run the plan, reaps orphans until that ends, and powers off. Each
+//! devtmpfs, a tmpfs on /run, bpffs, tracefs: the initramfs itself is
+//! writable, and keeps what the image put in /tmp, such as a build there),
+//! starts itself again as `guest-run` to run the plan, reaps orphans until
+//! that ends, and powers off. Each
 //! result is one `MATRIX` line on the console, read by the host.
 
 use std::{
@@ -60,7 +62,6 @@ pub fn init() -> ! {
         ("proc", "/proc"),
         ("sysfs", "/sys"),
         ("devtmpfs", "/dev"),
-        ("tmpfs", "/tmp"),
         ("tmpfs", "/run"),
         ("bpf", "/sys/fs/bpf"),
         ("tracefs", "/sys/kernel/tracing"),
@@ -137,9 +138,16 @@ pub fn run() -> Result<()> {
         if tcg {
             cmd.env(TCG_ENV, "1");
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("running {}", step.exe.display()))?;
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(e) => {
+                let exe = step.exe.display();
+                for t in &step.tests {
+                    println!("MATRIX FAILED {}::{t} (running {exe}: {e})", step.target);
+                }
+                continue;
+            }
+        };
         let mut seen = Vec::new();
         for line in BufReader::new(child.stdout.take().unwrap()).lines() {
             let line = line.unwrap_or_default();
