@@ -299,11 +299,17 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
             .map(|(f, _, _)| u(&f["tcp_layer"]["paws_discarded"]))
             .sum();
         let kernel_paws = u(&r["lab"]["receiver_counters"]["TcpExtPAWSEstab"]);
-        eprintln!("rate {rate}: PAWS {paws} vs PAWSEstab {kernel_paws}");
+        // A tcp_probe run the kernel skipped (counted: probe_lost) can hide
+        // one discarded skb, never add one.
+        let missed = u(&r["kernel"]["probe_lost"]);
+        eprintln!(
+            "rate {rate}: PAWS {paws} vs PAWSEstab {kernel_paws}; {missed} tcp_probe runs missed"
+        );
         let whole = flows(&r).iter().all(|(f, _, _)| tcp_layer_whole(f));
+        let hidden = paws <= kernel_paws && kernel_paws - paws <= missed;
         assert!(
-            within(paws, kernel_paws, 0.005) || (!whole && paws <= kernel_paws),
-            "PAWS {paws} vs PAWSEstab {kernel_paws}"
+            within(paws, kernel_paws, 0.005) || hidden || (!whole && paws <= kernel_paws),
+            "PAWS {paws} vs PAWSEstab {kernel_paws}, {missed} tcp_probe runs missed"
         );
         assert_clean();
     }

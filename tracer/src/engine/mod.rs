@@ -677,10 +677,14 @@ impl Engine {
         }
         let paws = p.paws_rejects();
         if p.payload_len == 0 {
-            // A FIN without data is discarded by PAWS too (and counted in
-            // PAWSEstab); a pure ACK the kernel may let through as a
-            // disordered ACK, an RST it never counts.
-            if paws && p.flags & FIN != 0 && p.flags & RST == 0 {
+            // Without data, PAWS discards (and PAWSEstab counts) a FIN, and a
+            // pure ACK unless the kernel lets it through as a "disordered
+            // ACK" (`tcp_disordered_ack`: in sequence, a duplicate ACK, and
+            // no window update, which the probe cannot see: such ACKs are
+            // taken as let through). An RST it never counts.
+            let duplicate_in_sequence = p.seq == p.rcv_nxt && p.ack == p.snd_una;
+            let discarded = p.flags & FIN != 0 || !duplicate_in_sequence;
+            if paws && discarded && p.flags & (RST | SYN) == 0 {
                 f.tcp_layer.paws_discarded += 1;
             }
             return;
