@@ -317,9 +317,12 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
 
 /// Segment by segment: what the edge made late, the tracer calls
 /// reordered, or saw arrive in order at the server (re-interleaved on the
-/// way), or saw arrive behind its own retransmission (which overtook it
+/// way, as the arrival order itself shows: no later byte of the flow had
+/// arrived), or saw arrive behind its own retransmission (which overtook it
 /// after the edge: measured 7 of 1,168 once); it misclassifies (almost)
-/// none.
+/// none. How many the way re-interleaves depends on the host's scheduling
+/// (a fifth to a quarter on a busy CI machine), so most, not all, reach the
+/// server reordered.
 #[test]
 fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
     if !root_or_skip("every_segment_the_edge_made_late_is_reordered_or_arrived_in_order") {
@@ -352,15 +355,32 @@ fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
     // (the sender numbers packets in sending order) shows.
     let mut retransmission_first = std::collections::HashMap::new();
     let mut original_behind = 0;
+    // Per flow, the highest sequence end that had arrived; and the late
+    // segments called in order although a later byte had arrived before.
+    let mut highest_end = std::collections::HashMap::<_, u32>::new();
+    let mut in_order_behind_later = 0u64;
     let mut engine = Engine::new(EngineConfig::default());
     for line in BufReader::new(std::fs::File::open(&obs).unwrap()).lines() {
         let o: Observation = serde_json::from_str(&line.unwrap()).unwrap();
-        if let (Some(c), Observation::Segment(s)) = (engine.observe_obs(&o), &o) {
+        let classified = engine.observe_obs(&o);
+        let Observation::Segment(s) = &o else {
+            continue;
+        };
+        let highest = highest_end.get(&s.flow).copied();
+        let behind_later = highest.is_some_and(|h| (s.seq.wrapping_sub(h) as i32) < 0);
+        let end = s.seq.wrapping_add(s.payload_len);
+        if s.payload_len > 0 && highest.is_none_or(|h| (end.wrapping_sub(h) as i32) > 0) {
+            highest_end.insert(s.flow, end);
+        }
+        if let Some(c) = classified {
             if !late.contains(&s.seq) {
                 continue;
             }
             // The first arrival of each late segment.
             if seen.insert(s.seq) {
+                if c.class == Class::InOrder && behind_later {
+                    in_order_behind_later += 1;
+                }
                 if c.class == Class::Retransmission {
                     retransmission_first.insert(s.seq, s.ip_id);
                 } else {
@@ -381,7 +401,8 @@ fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
     *classes.entry("Retransmission".into()).or_default() += retransmission_first.len() as u64;
     std::fs::remove_dir_all(&dir).unwrap();
     eprintln!(
-        "{} late at the edge; at the server: {classes:?}",
+        "{} late at the edge; at the server: {classes:?}; \
+         called in order behind a later byte: {in_order_behind_later}",
         late.len()
     );
     let count = |c: Class| classes.get(&format!("{c:?}")).copied().unwrap_or(0);
@@ -393,7 +414,11 @@ fn every_segment_the_edge_made_late_is_reordered_or_arrived_in_order() {
         count(Class::Reordered) + count(Class::InOrder) + overtaken_by_retransmission
             >= total - total / 200
     );
-    assert!(count(Class::InOrder) <= total / 5);
+    assert!(
+        in_order_behind_later <= total / 200,
+        "{in_order_behind_later} called in order arrived behind a later byte"
+    );
+    assert!(count(Class::Reordered) >= total / 2);
     assert_clean();
 }
 
