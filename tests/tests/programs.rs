@@ -339,3 +339,88 @@ fn a_rejected_program_is_one_line_naming_kernel_and_cause() {
     );
     assert!(log.lines().count() > 3 && !words.is_empty(), "{log}");
 }
+
+/// A sink as slow as a collector on a busy host: it sleeps a millisecond
+/// every 32 observations (some 30,000 a second, against the upload's
+/// 100,000 segments a second and more).
+struct Starved {
+    seen: Seen,
+    n: u64,
+}
+
+impl Sink for Starved {
+    fn observe(&mut self, obs: &Observation, raw: &Raw) {
+        self.seen.observe(obs, raw);
+        self.n += 1;
+        if self.n.is_multiple_of(32) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// A 1 MiB ring and a starved collector, in full mode: by default the
+/// programs summarize while the ring is over half full, and nothing is
+/// lost (every payload byte sent is counted); with the guard off
+/// (`--never-summarize`) the same run drops events.
+#[test]
+fn a_starved_collector_loses_no_event_unless_told_to() {
+    if !root_or_skip("a_starved_collector_loses_no_event_unless_told_to") {
+        return;
+    }
+    const UPLOAD: u64 = 64 << 20;
+    for guard in [true, false] {
+        let lab = Lab::create(&LabSpec::new(Mode::Off, 2)).expect("lab");
+        let topo = &lab.topo;
+        let mut opts = TracerOptions::new(lab::SERVER_IF);
+        opts.netns = Some(topo.server_ns.clone());
+        opts.ring_bytes = 1 << 20;
+        if !guard {
+            opts.overload_sample = 0;
+        }
+        let mut tracer = Tracer::attach(&opts).expect("attach");
+        let spec = UploadSpec {
+            flows: 1,
+            bytes_per_flow: UPLOAD,
+            port: lab::SERVER_PORT,
+            ipv6: false,
+            timeout: Duration::from_secs(120),
+            pacing: None,
+        };
+        let mut sink = Starved {
+            seen: Seen::default(),
+            n: 0,
+        };
+        let (outcome, results, _) =
+            record_upload_into(topo, &mut tracer, &spec, &mut sink).expect("upload");
+        drop(tracer);
+        assert_eq!(results[0].received, UPLOAD, "the upload did not finish");
+        let c = outcome.counters;
+        let payload = sink.seen.payload + c.get(XDP_SUMMARIZED_BYTES);
+        eprintln!(
+            "guard {guard}: overloaded {} times (left {}), dropped {} (XDP {}, tcp_probe {}), {} of {UPLOAD} payload bytes counted, {} segments summarized",
+            c.get(OVERLOAD_ENTERED),
+            c.get(OVERLOAD_LEFT),
+            c.dropped(),
+            c.get(XDP_DROPPED),
+            c.get(PROBE_DROPPED),
+            payload,
+            c.get(XDP_SUMMARIZED),
+        );
+        if guard {
+            assert_eq!(c.dropped(), 0, "events lost with the guard on");
+            assert!(
+                c.get(OVERLOAD_ENTERED) > 0,
+                "the collector never fell behind"
+            );
+            assert!(c.get(OVERLOAD_ENTERED) - c.get(OVERLOAD_LEFT) <= 1);
+            let resent = u64::from(results[0].retransmits) * 1500;
+            assert!(
+                (UPLOAD..=UPLOAD + resent).contains(&payload),
+                "{payload} payload bytes counted, {UPLOAD} sent"
+            );
+        } else {
+            assert_eq!(c.get(OVERLOAD_ENTERED), 0);
+            assert!(c.get(XDP_DROPPED) > 0, "the starved collector kept up");
+        }
+    }
+}

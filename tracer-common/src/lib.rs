@@ -243,9 +243,16 @@ pub mod counter {
     pub const PROBE_SUMMARIZED: u32 = 23;
     /// Summary mode: the payload bytes of the `XDP_SUMMARIZED` segments.
     pub const XDP_SUMMARIZED_BYTES: u32 = 24;
+    /// Overload: times the ring filled past its high-water mark in full
+    /// mode and the programs switched to summary behaviour
+    /// (`OVERLOAD_SAMPLE`).
+    pub const OVERLOAD_ENTERED: u32 = 25;
+    /// Overload: times the ring drained below its low-water mark and the
+    /// programs went back to emitting every event.
+    pub const OVERLOAD_LEFT: u32 = 26;
     /// Number of counters. (New ones go last: a trace stores them in this
     /// order, and one from before reads the newer ones as 0.)
-    pub const COUNT: u32 = 25;
+    pub const COUNT: u32 = 27;
 }
 
 /// Every counter of one CPU (`COUNTERS`: one such block per CPU), indexed

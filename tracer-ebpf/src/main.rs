@@ -129,6 +129,74 @@ mod programs {
     #[unsafe(no_mangle)]
     static SUMMARY_SAMPLE: Global<u32> = Global::new(0);
 
+    /// Overload (full mode): while the ring holds more than
+    /// `OVERLOAD_MARKS[0]` bytes the programs behave as summary mode with
+    /// this sample, until it drains below `OVERLOAD_MARKS[1]`: a collector
+    /// that falls behind loses segments' detail, never their counts. 0:
+    /// never (full-mode events are dropped when the ring is full).
+    #[unsafe(no_mangle)]
+    static OVERLOAD_SAMPLE: Global<u32> = Global::new(0);
+    /// (high-water, low-water) ring bytes, set at load time.
+    #[unsafe(no_mangle)]
+    static OVERLOAD_MARKS: Global<[u64; 2]> = Global::new([u64::MAX, 0]);
+
+    /// 1 while overloaded: shared by every CPU and program, switched by
+    /// an atomic exchange so that each switch is counted once.
+    struct Overloaded(UnsafeCell<u64>);
+
+    // SAFETY: only read plainly and written by atomic exchange.
+    unsafe impl Sync for Overloaded {}
+
+    #[unsafe(no_mangle)]
+    static OVERLOADED: Overloaded = Overloaded(UnsafeCell::new(0));
+
+    /// The summary sample to act on: the user's, or while the ring is
+    /// overloaded `OVERLOAD_SAMPLE`, else 0 (every event emitted). Counts
+    /// each switch with `count`.
+    #[inline(always)]
+    fn sample(count: impl Fn(u32)) -> u32 {
+        let user = SUMMARY_SAMPLE.load();
+        let overload = OVERLOAD_SAMPLE.load();
+        if user != 0 || overload == 0 {
+            return user;
+        }
+        let pending = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
+        let state = OVERLOADED.0.get();
+        // SAFETY: a valid, aligned u64 in the object's .bss.
+        let now = unsafe { core::ptr::read_volatile(state) };
+        let marks = OVERLOAD_MARKS.load();
+        let want = if now == 0 {
+            u64::from(pending > marks[0])
+        } else {
+            u64::from(pending >= marks[1])
+        };
+        if want != now {
+            // SAFETY: as above; BPF_XCHG: only the run that changes the
+            // state counts the switch.
+            let before = unsafe { exchange(state, want) };
+            if before != want {
+                count(if want == 1 {
+                    counter::OVERLOAD_ENTERED
+                } else {
+                    counter::OVERLOAD_LEFT
+                });
+            }
+        }
+        if want == 1 {
+            overload
+        } else {
+            0
+        }
+    }
+
+    /// Atomically stores `v` at `at`; what was there.
+    #[inline(always)]
+    unsafe fn exchange(at: *mut u64, mut v: u64) -> u64 {
+        // SAFETY: the caller's pointer is valid and aligned.
+        unsafe { core::arch::asm!("{0} = xchg_64({1} + 0, {0})", inout(reg) v, in(reg) at) };
+        v
+    }
+
     /// Frame bytes to capture with each segment: 0 none (the plain segment
     /// event); else at least the headers, up to this many bytes of the frame
     /// (set at load time while recording a pcapng trace).
@@ -308,7 +376,7 @@ mod programs {
         let cpu = unsafe { bpf_get_smp_processor_id() };
         let queue = ctx.rx_queue_index();
         let filter = filter_flags();
-        let sample = SUMMARY_SAMPLE.load();
+        let sample = sample(|i| c.add_nestable(i));
         // The common frame (plain IPv4) in summary mode, or under a port
         // filter, decided on its fixed fields alone: most segments are only
         // counted (or filtered out), never parsed further. `quick`: counted,
@@ -722,7 +790,10 @@ mod programs {
         let rcv_nxt: u32 = unsafe { field(tp, offset!(tp_rcv_nxt)) };
         let ts_recent: u32 = unsafe { field(tp, offset!(tp_ts_recent)) };
         let (has_tsval, tsval) = unsafe { aligned_tsval(field(skb, offset!(skb_data)))? };
-        let sample = SUMMARY_SAMPLE.load();
+        let sample = match Counts::this_cpu() {
+            Some(c) => sample(|i| c.add_nestable(i)),
+            None => SUMMARY_SAMPLE.load(),
+        };
         if sample != 0 {
             let paws =
                 has_tsval != 0 && ts_recent != 0 && (ts_recent.wrapping_sub(tsval) as i32) > 1;

@@ -73,6 +73,11 @@ struct TraceArgs {
     /// the emitted segments only.
     #[arg(long, value_name = "N")]
     summary: Option<u32>,
+    /// Full mode even when the collector falls behind: events that find
+    /// the ring full are dropped (counted). By default the programs then
+    /// act as `--summary 64` until the ring drains, keeping every count.
+    #[arg(long, conflicts_with = "summary")]
+    never_summarize: bool,
     /// Leave out the TCP-layer view (the tcp_probe tracepoint, which runs
     /// for every TCP segment the host receives): cheaper; no TCP-layer
     /// counts, PAWS or ACK-level replay.
@@ -345,6 +350,14 @@ fn summary(trace: &TraceArgs) -> Result<u32, SetupError> {
     }
 }
 
+fn overload_sample(trace: &TraceArgs) -> u32 {
+    if trace.never_summarize {
+        0
+    } else {
+        tracer::kernel::DEFAULT_OVERLOAD_SAMPLE
+    }
+}
+
 fn ring_bytes(mib: u32) -> Result<u32, SetupError> {
     match mib.checked_mul(1 << 20) {
         Some(b) if mib.is_power_of_two() => Ok(b),
@@ -524,6 +537,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         xdp: true,
         tcp_layer: !args.trace.no_tcp_layer,
         summary_sample: summary(&args.trace)?,
+        overload_sample: overload_sample(&args.trace),
         snaplen: 0,
     };
     let mut engine = args.trace.report.engine()?;
@@ -558,7 +572,8 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         &engine
             .snapshot()
             .with_kernel(&outcome.counters)
-            .with_linux(Some(linux)),
+            .with_linux(Some(linux))
+            .with_resident(outcome.peak_resident_bytes),
         &outcome,
         &header(&opts, &outcome),
         &args.trace.report,
@@ -934,6 +949,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         xdp: true,
         tcp_layer: !args.trace.no_tcp_layer,
         summary_sample: summary(&args.trace)?,
+        overload_sample: overload_sample(&args.trace),
         snaplen: out.file.snaplen(&args.trace),
     };
     let mut tracer = Tracer::attach(&opts)?;
@@ -1003,7 +1019,8 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let snapshot = engine
         .snapshot()
         .with_kernel(&outcome.counters)
-        .with_linux(Some(linux));
+        .with_linux(Some(linux))
+        .with_resident(outcome.peak_resident_bytes);
     print_report(
         &snapshot,
         &outcome,

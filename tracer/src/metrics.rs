@@ -24,6 +24,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use tracer_common::counter;
+
 use crate::{
     kernel::Counters,
     snapshot::{Distribution, Snapshot},
@@ -111,6 +113,8 @@ struct Values {
     flows: Family<VerdictLabel, Gauge>,
     tracked_flows: Gauge,
     evicted_flows: Counter,
+    overload_switches: Counter,
+    resident_bytes: Gauge,
     late_time: Buckets,
     extent: Buckets,
 }
@@ -157,8 +161,9 @@ impl Metrics {
         })
     }
 
-    /// New values: the engine's totals and the kernel's counters.
-    pub fn update(&self, s: &Snapshot, counters: &Counters) {
+    /// New values: the engine's totals, the kernel's counters and the
+    /// collector's resident memory.
+    pub fn update(&self, s: &Snapshot, counters: &Counters, resident_bytes: u64) {
         let v = &self.values;
         let t = &s.totals;
         let r = &t.reordering;
@@ -198,6 +203,11 @@ impl Metrics {
         }
         v.tracked_flows.set(s.tracked_flows as i64);
         raise(&v.evicted_flows, s.evicted_flows);
+        raise(
+            &v.overload_switches,
+            counters.get(counter::OVERLOAD_ENTERED),
+        );
+        v.resident_bytes.set(resident_bytes as i64);
         v.late_time.set(&r.late_time_us, 1e-6);
         v.extent.set(&r.extent, 1.0);
     }
@@ -267,6 +277,17 @@ fn register(r: &mut Registry, v: &Values) {
         "evicted_flows",
         "Flows evicted from the bounded table (counted in the totals)",
         v.evicted_flows.clone(),
+    );
+    r.register(
+        "overload_switches",
+        "Times the ring passed half full and the kernel summarized until it drained (counts stay whole)",
+        v.overload_switches.clone(),
+    );
+    r.register_with_unit(
+        "resident",
+        "The collector's resident memory",
+        prometheus_client::registry::Unit::Bytes,
+        v.resident_bytes.clone(),
     );
     r.register_with_unit(
         "late_time",

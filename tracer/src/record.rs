@@ -77,6 +77,8 @@ pub struct Outcome {
     pub received: u64,
     /// Records that did not decode (never expected; counted, not hidden).
     pub decode_errors: u64,
+    /// The collector's peak resident memory over the run (VmHWM).
+    pub peak_resident_bytes: u64,
 }
 
 impl Outcome {
@@ -131,7 +133,7 @@ pub fn run(
                 sink.flush(&counters)?;
             }
             if let Some(m) = opts.metrics {
-                m.update(&engine.live_snapshot(0, None), &counters);
+                m.update(&engine.live_snapshot(0, None), &counters, resident().0);
             }
             if opts.progress {
                 let live = engine.live();
@@ -144,6 +146,7 @@ pub fn run(
                         now - last_tick,
                         &counters,
                         &last_counters,
+                        resident().0,
                     )
                 );
                 last_live = live;
@@ -164,7 +167,7 @@ pub fn run(
         sink.flush(&counters)?;
     }
     if let Some(m) = opts.metrics {
-        m.update(&engine.live_snapshot(0, None), &counters);
+        m.update(&engine.live_snapshot(0, None), &counters, resident().0);
     }
     Ok(Outcome {
         stop,
@@ -172,6 +175,7 @@ pub fn run(
         counters,
         received,
         decode_errors,
+        peak_resident_bytes: resident().1,
     })
 }
 
@@ -290,4 +294,18 @@ fn drain(
         }
     }
     false
+}
+
+/// This process's resident memory and its peak, in bytes
+/// (`/proc/self/status`: VmRSS, VmHWM); zeros where unreadable.
+pub fn resident() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |k| k << 10)
+    };
+    (kib("VmRSS:"), kib("VmHWM:"))
 }

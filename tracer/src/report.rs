@@ -23,6 +23,7 @@ pub fn progress_line(
     interval: Duration,
     counters: &Counters,
     prev_counters: &Counters,
+    resident_bytes: u64,
 ) -> String {
     let secs = interval.as_secs_f64().max(1e-9);
     let ((segs, bytes), (prev_segs, prev_bytes)) =
@@ -34,15 +35,18 @@ pub fn progress_line(
         / 1e6;
     let probe_rate = (now.probes - prev.probes) as f64 / secs;
     let dropped = counters.dropped();
+    let overloaded = counters.get(counter::OVERLOAD_ENTERED) > counters.get(counter::OVERLOAD_LEFT);
     format!(
-        "[{:>5.1}s] {:>9} seg/s {:>9.1} Mbit/s  tcp_probe {:>9}/s  flows {:>5}  reordered {:>8}  dropped {}{}",
+        "[{:>5.1}s] {:>9} seg/s {:>9.1} Mbit/s  tcp_probe {:>9}/s  flows {:>5}  reordered {:>8}  rss {:>4} MB  dropped {}{}{}",
         elapsed.as_secs_f64(),
         si(seg_rate),
         mbit,
         si(probe_rate),
         now.flows,
         now.reordered,
+        resident_bytes >> 20,
         dropped,
+        if overloaded { "  OVERLOAD: summarizing" } else { "" },
         if dropped > 0 { "  <-- EVENTS LOST" } else { "" }
     )
 }
@@ -172,6 +176,9 @@ pub fn text(
         for m in &linux.missing {
             let _ = writeln!(out, "  missing    {m}");
         }
+    }
+    if let Some(peak) = s.peak_resident_bytes {
+        let _ = writeln!(out, "  memory     {} MB peak resident", peak >> 20);
     }
     let shown: Vec<_> = s
         .flows
@@ -469,6 +476,15 @@ fn kernel_lines(out: &mut String, counters: &Counters) {
     } else {
         let _ = writeln!(out, "  dropped    0 events");
     }
+    let overloaded = counters.get(counter::OVERLOAD_ENTERED);
+    if overloaded > 0 {
+        let _ = writeln!(
+            out,
+            "  OVERLOAD   the collector fell behind: {overloaded} times the ring passed half full and the kernel summarized (as --summary {}) until it drained to an eighth ({} times); counts are whole, the detail below is a summary's (--never-summarize drops events instead)",
+            crate::kernel::DEFAULT_OVERLOAD_SAMPLE,
+            counters.get(counter::OVERLOAD_LEFT),
+        );
+    }
     let summarized = counters.get(counter::XDP_SUMMARIZED);
     if summarized > 0 {
         let _ = writeln!(
@@ -631,10 +647,26 @@ mod tests {
             Duration::from_secs(1),
             &c,
             &Counters::default(),
+            48 << 20,
         );
         assert!(line.contains("5 seg/s"), "{line}");
         assert!(line.contains("flows     2"), "{line}");
-        assert!(!line.contains("LOST"), "{line}");
+        assert!(line.contains("rss   48 MB"), "{line}");
+        assert!(
+            !line.contains("LOST") && !line.contains("OVERLOAD"),
+            "{line}"
+        );
+        c.map[counter::OVERLOAD_ENTERED as usize] = 1;
+        assert!(progress_line(
+            &now,
+            &prev,
+            Duration::ZERO,
+            Duration::from_secs(1),
+            &c,
+            &Counters::default(),
+            0
+        )
+        .contains("OVERLOAD: summarizing"));
         c.map[counter::XDP_DROPPED as usize] = 7;
         assert!(progress_line(
             &now,
@@ -642,7 +674,8 @@ mod tests {
             Duration::ZERO,
             Duration::from_secs(1),
             &c,
-            &Counters::default()
+            &Counters::default(),
+            0
         )
         .contains("EVENTS LOST"));
     }

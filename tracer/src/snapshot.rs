@@ -27,6 +27,8 @@ pub struct Snapshot {
     pub kernel: Option<BTreeMap<&'static str, u64>>,
     /// The kernel traced on: its release and what it lacks.
     pub linux: Option<KernelReport>,
+    /// The collector's peak resident memory (a live trace).
+    pub peak_resident_bytes: Option<u64>,
 }
 
 impl Snapshot {
@@ -34,6 +36,12 @@ impl Snapshot {
     pub fn with_kernel(mut self, counters: &Counters) -> Self {
         self.totals.dropped_events = counters.dropped();
         self.kernel = Some(counters.named().collect());
+        self
+    }
+
+    /// Adds the collector's peak resident memory.
+    pub fn with_resident(mut self, peak_bytes: u64) -> Self {
+        self.peak_resident_bytes = Some(peak_bytes);
         self
     }
 
@@ -436,6 +444,7 @@ pub(crate) fn build(
         config: *cfg,
         kernel: None,
         linux: None,
+        peak_resident_bytes: None,
     }
 }
 

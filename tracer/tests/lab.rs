@@ -249,11 +249,13 @@ fn atr_reordering_is_found_and_attributed_at_three_intensities() {
             // server's two CPUs put back in order on the way in; the
             // segment-by-segment test checks each one). With IPv6 the
             // ambiguous ones may also be late retransmissions.
+            // Under TCG the way from the edge reorders too (its emulated
+            // CPUs re-interleave what the edge let go): 112% once on 6.1.
             let decided_or_not = found + ambiguous;
             let retransmitted = if ipv6 { u(&sockets["retransmits"]) } else { 0 };
+            let way = if under_tcg() { late / 5 } else { late / 20 };
             assert!(
-                decided_or_not <= late + late / 20 + retransmitted
-                    && decided_or_not >= late * 7 / 10,
+                decided_or_not <= late + way + retransmitted && decided_or_not >= late * 7 / 10,
                 "tracer {found} + {ambiguous} vs edge {late}"
             );
             // With IPv6 (no IP ID) a late retransmission taken for an

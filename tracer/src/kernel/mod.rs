@@ -57,6 +57,11 @@ impl fmt::Display for AttachedMode {
 /// Default ring buffer: 16 MiB, about 110,000 segment events.
 pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
 
+/// Full mode's sample while the ring is overloaded: as `--summary 64`,
+/// which kept every count of 64 concurrent uploads that full mode lost a
+/// third of.
+pub const DEFAULT_OVERLOAD_SAMPLE: u32 = 64;
+
 #[derive(Clone, Debug)]
 pub struct TracerOptions {
     pub iface: String,
@@ -77,6 +82,11 @@ pub struct TracerOptions {
     /// above their flow's highest byte, changed queue or CPU, and one in N
     /// of the rest (all counted: `xdp_summarized`).
     pub summary_sample: u32,
+    /// Full mode under overload: while the ring is more than half full,
+    /// the programs act as summary mode with this sample, until it is
+    /// below an eighth ([`DEFAULT_OVERLOAD_SAMPLE`]; every switch counted).
+    /// 0: never, events are dropped (counted) when the ring is full.
+    pub overload_sample: u32,
     /// Frame bytes XDP copies with each segment (for a pcapng trace): 0
     /// none; else the headers, or this many bytes if more (at most
     /// [`tracer_common::CAPTURE_MAX`]).
@@ -94,6 +104,7 @@ impl TracerOptions {
             xdp: true,
             tcp_layer: true,
             summary_sample: 0,
+            overload_sample: DEFAULT_OVERLOAD_SAMPLE,
             snaplen: 0,
         }
     }
@@ -146,6 +157,15 @@ impl Tracer {
             .override_global("CAPTURE_SNAPLEN", &opts.snaplen, true)
             .override_global("SUMMARY_SAMPLE", &opts.summary_sample, true)
             .override_global("WAKEUP_BYTES", &(opts.ring_bytes / 8), true)
+            .override_global("OVERLOAD_SAMPLE", &opts.overload_sample, true)
+            .override_global(
+                "OVERLOAD_MARKS",
+                &[
+                    u64::from(opts.ring_bytes / 2),
+                    u64::from(opts.ring_bytes / 8),
+                ],
+                true,
+            )
             .override_global(
                 "FILTER",
                 &filter_config(&opts.filter, ifindex, netns_inum),
@@ -665,6 +685,8 @@ pub const COUNTER_NAMES: [&str; counter::COUNT as usize] = [
     "xdp_summarized",
     "probe_summarized",
     "xdp_summarized_bytes",
+    "overload_entered",
+    "overload_left",
 ];
 
 #[cfg(test)]
