@@ -183,6 +183,13 @@ fn stalled_for_a_second(
     (done, served, file)
 }
 
+/// `tracer analyze FILE`'s text report; the file is removed.
+fn analyzed_and_removed(file: &Path) -> String {
+    let out = Command::new(BIN).arg("analyze").arg(file).output().unwrap();
+    let _ = std::fs::remove_file(file);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// By default (and the default 16 MiB ring) a collector stalled for a
 /// second loses nothing: the programs summarize while the ring is over
 /// half full, every segment XDP parsed is emitted or counted, and the
@@ -223,13 +230,7 @@ fn a_stalled_collector_by_default_loses_nothing_and_says_it_summarized() {
         stats.map(|c| c.get(counter::OVERLOAD_ENTERED)),
         Some(entered)
     );
-    let text = Command::new(BIN)
-        .arg("analyze")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
-    let _ = std::fs::remove_file(&file);
+    let text = analyzed_and_removed(&file);
     assert!(
         text.contains(&format!(
             "OVERLOAD   the collector fell behind: {entered} times"
@@ -293,13 +294,7 @@ fn a_stalled_collector_loses_events_and_every_output_counts_them_exactly() {
     assert_eq!(stats.map(|c| c.dropped()), Some(lost));
     // The metrics, and the text report of the trace.
     assert_eq!(served, lost as f64);
-    let text = Command::new(BIN)
-        .arg("analyze")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&text.stdout);
-    let _ = std::fs::remove_file(&file);
+    let text = analyzed_and_removed(&file);
     assert!(
         text.contains(&format!(
             "DROPPED    {} events lost: the ring buffer was full",
