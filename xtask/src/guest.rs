@@ -6,15 +6,12 @@
 //! that ends, and powers off. Each
 //! result is one `MATRIX` line on the console, read by the host.
 
-use std::{
-    ffi::CString,
-    io::{BufRead, BufReader},
-    path::PathBuf,
-    process::{Command, Stdio},
-};
+use std::{ffi::CString, process::Command};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
+
+use crate::runner::{self, Case, Verdict};
 
 /// Where the kernel starts the init (`rdinit=`).
 pub const INIT: &str = "/init";
@@ -26,14 +23,11 @@ pub const ACCEL_ARG: &str = "matrix.accel";
 /// assertions that depend on speed relax (`tests::under_tcg`).
 pub const TCG_ENV: &str = "TRACER_TEST_TCG";
 
-/// One test binary's part of the plan.
+/// What a guest runs: these tests, `repeat` times.
 #[derive(Serialize, Deserialize)]
-pub struct Step {
-    pub target: String,
-    pub exe: PathBuf,
-    /// Where cargo would run it: its package's directory.
-    pub dir: PathBuf,
-    pub tests: Vec<String>,
+pub struct Plan {
+    pub repeat: u32,
+    pub cases: Vec<Case>,
 }
 
 /// What a `MATRIX` line says.
@@ -49,11 +43,16 @@ pub fn parse(line: &str) -> Option<Report> {
     let (word, arg) = rest.split_once(' ').unwrap_or((rest, ""));
     Some(match word {
         "booted" => Report::Booted,
-        "ok" => Report::Passed(arg.to_string()),
-        "FAILED" => Report::Failed(arg.to_string()),
+        // (The test's path, without the note in brackets after it.)
+        "ok" => Report::Passed(test_path(arg)),
+        "FAILED" => Report::Failed(test_path(arg)),
         "done" => Report::Done,
         _ => return None,
     })
+}
+
+fn test_path(arg: &str) -> String {
+    arg.split(" (").next().unwrap_or(arg).to_string()
 }
 
 /// PID 1: mounts, runs the plan in a child, reaps, powers off.
@@ -112,11 +111,12 @@ fn mount(fs: &str, at: &str) -> Result<()> {
     Ok(())
 }
 
-/// `guest-run`: each step's tests, one at a time, as `cargo test` would
-/// run them, each result a `MATRIX` line; then `MATRIX done`.
+/// `guest-run`: the plan's tests, one at a time and each within its bound
+/// (the runner's), each output shown whole on the console (its measured
+/// figures stay in the log) and each result a `MATRIX` line; then `MATRIX
+/// done`.
 pub fn run() -> Result<()> {
-    let plan: Vec<Step> =
-        serde_json::from_slice(&std::fs::read(PLAN).context("reading the plan")?)?;
+    let plan: Plan = serde_json::from_slice(&std::fs::read(PLAN).context("reading the plan")?)?;
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     let tcg = cmdline
         .split_whitespace()
@@ -126,45 +126,29 @@ pub fn run() -> Result<()> {
         .args(["link", "set", "lo", "up"])
         .env("PATH", path)
         .status();
-    for step in &plan {
-        let mut cmd = Command::new(&step.exe);
-        cmd.args(["--test-threads=1", "--exact", "--show-output"])
-            .args(&step.tests)
-            .current_dir(&step.dir)
-            .env("PATH", path)
-            .env("HOME", "/root")
-            .env("RUST_BACKTRACE", "1")
-            .stdout(Stdio::piped());
-        if tcg {
-            cmd.env(TCG_ENV, "1");
-        }
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(e) => {
-                let exe = step.exe.display();
-                for t in &step.tests {
-                    println!("MATRIX FAILED {}::{t} (running {exe}: {e})", step.target);
-                }
-                continue;
+    let mut env = vec![("PATH", path), ("HOME", "/root")];
+    let bound = if tcg {
+        env.push((TCG_ENV, "1"));
+        runner::TCG_BOUND
+    } else {
+        runner::HOST_BOUND
+    };
+    for round in 1..=plan.repeat {
+        for case in &plan.cases {
+            println!("MATRIX running {} (round {round})", case.path());
+            let outcome = runner::run(case, bound, &env);
+            print!("{}", outcome.output);
+            let secs = outcome.elapsed.as_secs();
+            match outcome.verdict {
+                Verdict::Passed => println!("MATRIX ok {} ({secs} s)", case.path()),
+                Verdict::Failed => println!("MATRIX FAILED {} ({secs} s)", case.path()),
+                Verdict::TimedOut => println!(
+                    "MATRIX FAILED {} (stopped at its bound of {} s)",
+                    case.path(),
+                    bound.as_secs()
+                ),
+                Verdict::NotRun(why) => println!("MATRIX FAILED {} ({why})", case.path()),
             }
-        };
-        let mut seen = Vec::new();
-        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
-            let line = line.unwrap_or_default();
-            println!("{line}");
-            if let Some(rest) = line.strip_prefix("test ") {
-                if let Some((name, verdict @ ("ok" | "FAILED"))) = rest.rsplit_once(" ... ") {
-                    println!("MATRIX {verdict} {}::{name}", step.target);
-                    seen.push(name.to_string());
-                }
-            }
-        }
-        let status = child.wait()?;
-        for t in step.tests.iter().filter(|t| !seen.contains(t)) {
-            println!(
-                "MATRIX FAILED {}::{t} (no result: the test binary ended {status})",
-                step.target
-            );
         }
     }
     println!("MATRIX done");

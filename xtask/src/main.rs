@@ -3,6 +3,7 @@
 
 mod guest;
 mod matrix;
+mod runner;
 
 use std::{
     path::{Path, PathBuf},
@@ -36,17 +37,21 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Unit tests plus the root-only kernel integration tests, serialised,
-    /// on this host's kernel and/or inside guests of other releases.
+    /// Unit tests plus the root-only kernel integration tests, each test
+    /// in its own process, one at a time and within a time bound, on this
+    /// host's kernel and/or inside guests of other releases.
     Test {
         /// Which kernels: `host` (this machine's), a guest series (`6.1`,
         /// `6.12`: Debian's kernel under qemu), or `all` of them.
         #[arg(long, value_enum, default_value_t = KernelChoice::Host)]
         kernel: KernelChoice,
-        /// Extra arguments for `cargo test` (e.g. a test name filter; in
-        /// the guests, filters of test names).
+        /// Run the whole suite N times (and each guest's, with --kernel)
+        /// and say per test how many of the N passed.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        repeat: u32,
+        /// Filters: only tests whose `target::name` contains one of them.
         #[arg(last = true)]
-        args: Vec<String>,
+        filters: Vec<String>,
     },
     /// Benchmarks, each printing its figures beside a baseline measured in
     /// the same run (ratios, not absolute times, are what to compare).
@@ -121,7 +126,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Task::Lab { args } => {
             build_and_run(std::iter::once("lab".to_string()).chain(args).collect())
         }
-        Task::Test { kernel, args } => test(kernel, &args),
+        Task::Test {
+            kernel,
+            repeat,
+            filters,
+        } => test(kernel, repeat, &filters),
         Task::Bench => bench(),
         Task::Fuzz { secs } => fuzz(secs),
         Task::GuestRun => guest::run().map(|()| ExitCode::SUCCESS),
@@ -252,42 +261,66 @@ fn build_and_run(args: Vec<String>) -> Result<ExitCode> {
     })
 }
 
-fn test(kernel: KernelChoice, extra: &[String]) -> Result<ExitCode> {
+fn test(kernel: KernelChoice, repeat: u32, filters: &[String]) -> Result<ExitCode> {
+    if repeat == 0 {
+        bail!("--repeat 0: give N >= 1");
+    }
     let series: Vec<&matrix::Series> = match kernel {
         KernelChoice::Host => Vec::new(),
         KernelChoice::V6_1 => vec![&matrix::SERIES[0]],
         KernelChoice::V6_12 => vec![&matrix::SERIES[1]],
         KernelChoice::All => matrix::SERIES.iter().collect(),
     };
+    let started = std::time::Instant::now();
+    let build = runner::build()?;
+    let mut tally = Tally::default();
     if matches!(kernel, KernelChoice::Host | KernelChoice::All) {
-        host_tests(extra)?;
-    }
-    if series.is_empty() {
-        return Ok(ExitCode::SUCCESS);
-    }
-    let filters: Vec<String> = extra
-        .iter()
-        .filter(|a| !a.starts_with('-'))
-        .cloned()
-        .collect();
-    let results = matrix::run(&series, &filters)?;
-    println!("\nkernel matrix:");
-    let mut ok = true;
-    for r in &results {
-        println!(
-            "  Linux {:<32} {:>3} passed, {} failed  ({}, {:.0} s; console log {})",
-            r.release,
-            r.passed.len(),
-            r.failed.len(),
-            r.accel,
-            r.elapsed.as_secs_f64(),
-            r.log.display()
-        );
-        for f in &r.failed {
-            println!("      FAILED {f}");
+        if !is_root() {
+            println!(
+                "xtask: not root: the kernel integration tests will say `skipped: needs root`"
+            );
         }
-        ok &= r.failed.is_empty() && !r.passed.is_empty();
+        let cases = runner::cases(&build.binaries, filters)?;
+        if cases.is_empty() {
+            bail!("no test matches {filters:?}");
+        }
+        runner::forward_ctrl_c();
+        for round in 1..=repeat {
+            host_round(&cases, round, repeat, &mut tally)?;
+            if runner::interrupted() {
+                bail!("interrupted");
+            }
+        }
     }
+    if !series.is_empty() {
+        let results = matrix::run(&build, &series, filters, repeat)?;
+        println!("\nkernel matrix:");
+        for r in &results {
+            println!(
+                "  Linux {:<32} {:>3} passed, {} failed  ({}, {:.0} s; console log {})",
+                r.release,
+                r.passed.len(),
+                r.failed.len(),
+                r.accel,
+                r.elapsed.as_secs_f64(),
+                r.log.display()
+            );
+            for t in &r.passed {
+                tally.add(&format!("[{}] {t}", r.series), true);
+            }
+            for t in &r.failed {
+                tally.add(&format!("[{}] {t}", r.series), false);
+            }
+            if r.passed.is_empty() && r.failed.is_empty() {
+                tally.add(&format!("[{}] (no test ran)", r.series), false);
+            }
+        }
+    }
+    let ok = tally.print(repeat);
+    println!(
+        "xtask test: {:.0} s in all",
+        started.elapsed().as_secs_f64()
+    );
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
@@ -295,20 +328,92 @@ fn test(kernel: KernelChoice, extra: &[String]) -> Result<ExitCode> {
     })
 }
 
-fn host_tests(extra: &[String]) -> Result<()> {
-    if !is_root() {
-        println!("xtask: not root: the kernel integration tests will say `skipped: needs root`");
+/// One run of the host's suite: a line per test, a failure's last lines.
+fn host_round(cases: &[runner::Case], round: u32, of: u32, tally: &mut Tally) -> Result<()> {
+    let logs = root_dir()
+        .join("target/test-logs/host")
+        .join(format!("round-{round}"));
+    let _ = std::fs::remove_dir_all(&logs);
+    if of > 1 {
+        println!("\nround {round} of {of}");
     }
-    // The parser compiles for the host too; its unit tests run here.
-    sh(cargo().args(["test", "--package", "tracer-ebpf", "--lib"]))?;
-    // Default members: tracer (unit + CLI tests), tracer-common, xtask, and
-    // the kernel integration tests. One test at a time: they load programs
-    // and create namespaces, and share the machine's two cores.
-    sh(cargo()
-        .arg("test")
-        .args(extra)
-        .args(["--", "--test-threads=1"]))?;
+    for case in cases {
+        let outcome = runner::run(case, runner::HOST_BOUND, &[]);
+        let log = runner::keep_output(&logs, case, &outcome.output)?;
+        let secs = outcome.elapsed.as_secs_f64();
+        let word = match &outcome.verdict {
+            runner::Verdict::Passed => "ok",
+            runner::Verdict::Failed => "FAILED",
+            runner::Verdict::TimedOut => "TIMEOUT",
+            runner::Verdict::NotRun(_) => "NOT RUN",
+        };
+        println!("{word:<8}{secs:>6.1} s  {}", case.path());
+        match &outcome.verdict {
+            runner::Verdict::Passed => {}
+            runner::Verdict::TimedOut => println!(
+                "{}\n        stopped at its bound of {} s; the whole output: {}",
+                runner::tail(&outcome.output, 30),
+                runner::HOST_BOUND.as_secs(),
+                log.display()
+            ),
+            runner::Verdict::Failed => println!(
+                "{}\n        the whole output: {}",
+                runner::tail(&outcome.output, 40),
+                log.display()
+            ),
+            runner::Verdict::NotRun(why) => println!("        {why}"),
+        }
+        tally.add(&case.path(), outcome.verdict == runner::Verdict::Passed);
+        if runner::interrupted() {
+            break;
+        }
+    }
     Ok(())
+}
+
+/// Per test: runs and passes, in the order first seen.
+#[derive(Default)]
+struct Tally(Vec<(String, u32, u32)>);
+
+impl Tally {
+    fn add(&mut self, test: &str, passed: bool) {
+        let at = match self.0.iter().position(|(t, _, _)| t == test) {
+            Some(at) => at,
+            None => {
+                self.0.push((test.to_string(), 0, 0));
+                self.0.len() - 1
+            }
+        };
+        self.0[at].1 += 1;
+        self.0[at].2 += u32::from(passed);
+    }
+
+    /// Prints the tally (every test when repeated, else the failures);
+    /// whether everything passed.
+    fn print(&self, repeat: u32) -> bool {
+        let failing: Vec<_> = self.0.iter().filter(|(_, runs, ok)| ok < runs).collect();
+        println!();
+        if repeat > 1 {
+            println!("passed of {repeat} runs, per test:");
+            for (test, runs, ok) in &self.0 {
+                println!("  {ok:>3}/{runs:<3} {test}");
+            }
+        }
+        for (test, runs, ok) in &failing {
+            println!("FAILED {}/{runs} runs: {test}", runs - ok);
+        }
+        let runs: u32 = self.0.iter().map(|(_, r, _)| r).sum();
+        println!(
+            "{} tests, {runs} runs: {}",
+            self.0.len(),
+            if failing.is_empty() {
+                "all passed".to_string()
+            } else {
+                format!("{} tests failed at least once", failing.len())
+            }
+        );
+        failing.is_empty()
+    }
 }
 
 fn bench() -> Result<ExitCode> {

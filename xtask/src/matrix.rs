@@ -22,7 +22,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use crate::{cargo, guest, root_dir, sh};
+use crate::{
+    guest, root_dir,
+    runner::{self, Build, Case},
+    sh,
+};
 
 /// A kernel series of the matrix.
 pub struct Series {
@@ -104,14 +108,15 @@ const TOOLS: &[&str] = &[
 /// Plugins `iptables` opens at run time.
 const XTABLES: &str = "/usr/lib/x86_64-linux-gnu/xtables";
 
-/// Longest a guest may run before it is stopped (one takes about 4
-/// minutes; two must fit in CI's 90 with the host's suite).
+/// Longest a guest may run its plan once before it is stopped (one takes
+/// about 4 minutes; each test has its own bound, [`runner::TCG_BOUND`]).
 const GUEST_TIMEOUT: Duration = Duration::from_secs(20 * 60);
 /// How long a KVM guest gets to say it booted before TCG is used instead.
 const KVM_BOOT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One kernel's outcome.
 pub struct KernelResult {
+    pub series: &'static str,
     pub release: String,
     pub accel: &'static str,
     pub passed: Vec<String>,
@@ -120,28 +125,38 @@ pub struct KernelResult {
     pub log: PathBuf,
 }
 
-/// Runs the guest tests on every series in `series`; `filters` narrow the
-/// tests by substring, as `cargo test`'s do.
-pub fn run(series: &[&Series], filters: &[String]) -> Result<Vec<KernelResult>> {
+/// Runs the guest tests `repeat` times on every series in `series`;
+/// `filters` narrow the tests by substring of `target::name`.
+pub fn run(
+    build: &Build,
+    series: &[&Series],
+    filters: &[String],
+    repeat: u32,
+) -> Result<Vec<KernelResult>> {
     let cache = root_dir().join("target/kernel-matrix");
     std::fs::create_dir_all(&cache).context("creating target/kernel-matrix")?;
-    let binaries = test_binaries()?;
-    let plan = plan(&binaries, filters)?;
+    let plan = plan(build, filters, repeat)?;
     let mut kvm = kvm_usable();
     let mut results = Vec::new();
     for s in series {
         let kernel = fetch(s, &cache)?;
         let image = cache.join(format!("{}.cpio", kernel.release));
-        build_image(&kernel, &binaries, &plan, &cache, &image)?;
+        build_image(&kernel, build, &plan, &cache, &image)?;
         let log = cache.join(format!("{}.log", kernel.release));
         println!(
-            "matrix: Linux {} ({}), {} tests",
+            "matrix: Linux {} ({}), {} tests{}",
             kernel.release,
             kernel.package,
-            plan.iter().map(|t| t.tests.len()).sum::<usize>()
+            plan.cases.len(),
+            if repeat > 1 {
+                format!(", {repeat} times")
+            } else {
+                String::new()
+            }
         );
+        let limit = GUEST_TIMEOUT * repeat;
         let on_kvm = if kvm {
-            boot(&kernel, &image, &log, "kvm")?
+            boot(s.name, &kernel, &image, &log, "kvm", limit)?
         } else {
             None
         };
@@ -151,7 +166,7 @@ pub fn run(series: &[&Series], filters: &[String]) -> Result<Vec<KernelResult>> 
         }
         let result = match on_kvm {
             Some(r) => r,
-            None => boot(&kernel, &image, &log, "tcg")?
+            None => boot(s.name, &kernel, &image, &log, "tcg", limit)?
                 .context("the TCG guest did not boot (see the log)")?,
         };
         results.push(result);
@@ -258,109 +273,36 @@ fn numbers(name: &str) -> Vec<u64> {
         .collect()
 }
 
-/// This build's test executables by target name, and the `tracer` binary
-/// the end-to-end tests run.
-struct Binaries {
-    /// Target name -> (executable, its package's directory).
-    tests: BTreeMap<String, (PathBuf, PathBuf)>,
-    tracer: PathBuf,
-}
-
-fn test_binaries() -> Result<Binaries> {
-    let out = cargo()
-        .args([
-            "test",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
-        .current_dir(root_dir())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("building the tests")?;
-    if !out.status.success() {
-        bail!("building the tests failed");
-    }
-    let mut tests = BTreeMap::new();
-    let mut tracer = None;
-    for line in out.stdout.split(|&b| b == b'\n') {
-        let Ok(msg) = serde_json::from_slice::<serde_json::Value>(line) else {
-            continue;
-        };
-        let Some(exe) = msg["executable"].as_str() else {
-            continue;
-        };
-        let name = msg["target"]["name"].as_str().unwrap_or_default();
-        if msg["profile"]["test"].as_bool() == Some(true) {
-            // The library's unit tests go by the package's name.
-            let kinds = &msg["target"]["kind"];
-            if kinds
-                .as_array()
-                .is_some_and(|k| k.iter().any(|k| k == "bin"))
-            {
-                continue;
-            }
-            let dir = Path::new(msg["manifest_path"].as_str().unwrap_or("/"))
-                .parent()
-                .unwrap_or(Path::new("/"))
-                .to_path_buf();
-            tests.insert(name.to_string(), (PathBuf::from(exe), dir));
-        } else if name == "tracer" {
-            tracer = Some(PathBuf::from(exe));
-        }
-    }
-    Ok(Binaries {
-        tests,
-        tracer: tracer.context("cargo built no tracer binary")?,
-    })
-}
-
 /// The guest's plan: [`GUEST_TESTS`] narrowed by `filters` (substrings of
 /// `target::test`).
-fn plan(binaries: &Binaries, filters: &[String]) -> Result<Vec<guest::Step>> {
-    let mut plan = Vec::new();
+fn plan(build: &Build, filters: &[String], repeat: u32) -> Result<guest::Plan> {
+    let mut cases = Vec::new();
     for &(target, names) in GUEST_TESTS {
-        let (exe, dir) = binaries
-            .tests
-            .get(target)
+        let binary = build
+            .binaries
+            .iter()
+            .find(|b| b.target == target)
             .with_context(|| format!("cargo built no test target {target}"))?;
         let names = if names.is_empty() {
-            listed(exe)?
+            runner::list(&binary.exe)?
         } else {
             names.iter().map(|n| n.to_string()).collect()
         };
-        let tests: Vec<String> = names
-            .into_iter()
-            .filter(|t| {
-                let path = format!("{target}::{t}");
-                filters.is_empty() || filters.iter().any(|f| path.contains(f.as_str()))
-            })
-            .collect();
-        if !tests.is_empty() {
-            plan.push(guest::Step {
-                target: target.to_string(),
-                exe: exe.clone(),
-                dir: dir.clone(),
-                tests,
-            });
+        for name in names {
+            let case = Case {
+                binary: binary.clone(),
+                name,
+            };
+            let path = case.path();
+            if filters.is_empty() || filters.iter().any(|f| path.contains(f.as_str())) {
+                cases.push(case);
+            }
         }
     }
-    if plan.is_empty() {
+    if cases.is_empty() {
         bail!("no guest test matches {filters:?}");
     }
-    Ok(plan)
-}
-
-/// The tests in a test binary (`--list` runs none).
-fn listed(exe: &Path) -> Result<Vec<String>> {
-    let out = Command::new(exe)
-        .args(["--list", "--format", "terse"])
-        .output()
-        .with_context(|| format!("listing the tests of {}", exe.display()))?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_suffix(": test"))
-        .map(String::from)
-        .collect())
+    Ok(guest::Plan { repeat, cases })
 }
 
 /// Whether a KVM guest could run here at all (the device opens).
@@ -376,8 +318,8 @@ fn kvm_usable() -> bool {
 /// decompresses slowly).
 fn build_image(
     kernel: &Kernel,
-    binaries: &Binaries,
-    plan: &[guest::Step],
+    build: &Build,
+    plan: &guest::Plan,
     cache: &Path,
     image: &Path,
 ) -> Result<()> {
@@ -424,7 +366,10 @@ fn build_image(
     // without debug information (a tenth of the size).
     let stripped = cache.join("bin");
     std::fs::create_dir_all(&stripped)?;
-    for exe in plan.iter().map(|s| &s.exe).chain([&binaries.tracer]) {
+    let mut exes: Vec<&PathBuf> = plan.cases.iter().map(|c| &c.binary.exe).collect();
+    exes.push(&build.tracer);
+    exes.dedup();
+    for exe in exes {
         let copy = stripped.join(exe.file_name().unwrap());
         sh(Command::new("strip")
             .arg("--strip-debug")
@@ -434,8 +379,8 @@ fn build_image(
         tree.insert(exe.clone(), Entry::File(copy, 0o755));
         tree.libraries(exe)?;
     }
-    for step in plan {
-        tree.dir(&step.dir);
+    for case in &plan.cases {
+        tree.dir(&case.binary.dir);
     }
     tree.copy_dir(
         &kernel.modules(),
@@ -596,13 +541,15 @@ fn cpio_entry(out: &mut impl Write, ino: u32, mode: u32, name: &[u8], data: &[u8
 }
 
 /// Boots `image` on `kernel`, streaming the guest's console (prefixed with
-/// its series) and keeping it in `log`. `None` if a KVM guest did not say
-/// it booted in time.
+/// its release) and keeping it in `log`; stops it after `limit`. `None` if
+/// a KVM guest did not say it booted in time.
 fn boot(
+    series: &'static str,
     kernel: &Kernel,
     image: &Path,
     log: &Path,
     accel: &'static str,
+    limit: Duration,
 ) -> Result<Option<KernelResult>> {
     let start = Instant::now();
     let mut child = Command::new("qemu-system-x86_64")
@@ -644,12 +591,12 @@ fn boot(
     let (mut passed, mut failed) = (Vec::new(), Vec::new());
     let mut done = false;
     loop {
-        let limit = if booted || accel == "tcg" {
-            GUEST_TIMEOUT
+        let bound = if booted || accel == "tcg" {
+            limit
         } else {
             KVM_BOOT_TIMEOUT
         };
-        let left = limit.saturating_sub(start.elapsed());
+        let left = bound.saturating_sub(start.elapsed());
         let line = match rx.recv_timeout(left) {
             Ok(line) => line,
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
@@ -659,9 +606,7 @@ fn boot(
                 if !booted {
                     return Ok(None);
                 }
-                failed.push(format!(
-                    "(the guest ran past {GUEST_TIMEOUT:?} and was stopped)"
-                ));
+                failed.push(format!("(the guest ran past {limit:?} and was stopped)"));
                 break;
             }
         };
@@ -682,6 +627,7 @@ fn boot(
         failed.push("(the guest ended before its tests did)".to_string());
     }
     Ok(Some(KernelResult {
+        series,
         release: kernel.release.clone(),
         accel,
         passed,
