@@ -301,12 +301,19 @@ struct LabArgs {
     /// Parallel TCP connections.
     #[arg(long, default_value_t = 4)]
     flows: usize,
-    /// Bytes per connection (suffixes k, M, G).
-    #[arg(long, default_value = "128M", value_parser = parse_size)]
-    bytes: u64,
+    /// Bytes per connection (suffixes k, M, G). Default 128M; with
+    /// --until-late, 4G (a bound, rarely reached).
+    #[arg(long, value_parser = parse_size)]
+    bytes: Option<u64>,
     /// Upper bound on the transfer, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 8.0)]
     duration: f64,
+    /// Go on until the edge has made N late segments in every flow (atr
+    /// and pattern modes), then end the upload (every byte sent still
+    /// received); --bytes and --duration bound it. The report says whether
+    /// it got there.
+    #[arg(long, value_name = "N")]
+    until_late: Option<u64>,
     /// Use IPv6 instead of IPv4.
     #[arg(long)]
     ipv6: bool,
@@ -912,6 +919,19 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         },
         LabModeArg::Off => lab::Mode::Off,
     };
+    if let Some(n) = args.until_late {
+        if mode == lab::Mode::Off || n == 0 {
+            return Err(SetupError::BadArgument(format!(
+                "--until-late {n}: give N >= 1 with --mode atr or pattern (off makes nothing late)"
+            ))
+            .into());
+        }
+    }
+    let bytes = args.bytes.unwrap_or(if args.until_late.is_some() {
+        4 << 30
+    } else {
+        128 << 20
+    });
     let pace = args.pace.unwrap_or(match mode {
         lab::Mode::Pattern { .. } => 200.0,
         _ => 0.0,
@@ -933,12 +953,13 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         },
         queues: args.queues,
         flows: args.flows,
-        bytes_per_flow: args.bytes,
+        bytes_per_flow: bytes,
         ipv6: args.ipv6,
         timeout,
         pacing: (pace > 0.0).then(|| (pace * 1e6 / 8.0) as u64),
         sender_gso: !args.no_sender_gso,
         truth_out: args.truth.clone(),
+        until_late: args.until_late,
     })?;
     let opts = TracerOptions {
         iface: lab::SERVER_IF.to_string(),
@@ -955,9 +976,13 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let mut tracer = Tracer::attach(&opts)?;
     out.file.begin(&tracer, &args.trace)?;
     eprintln!(
-        "lab: {} x {:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
+        "lab: {} x {}{:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
-        args.bytes as f64 / 1e6,
+        match args.until_late {
+            Some(n) => format!("(until {n} late segments each) at most "),
+            None => String::new(),
+        },
+        bytes as f64 / 1e6,
         if args.ipv6 { "IPv6" } else { "IPv4" },
         if pace > 0.0 {
             format!(", paced to {pace} Mbit/s per flow")

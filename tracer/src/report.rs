@@ -236,6 +236,21 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
         e.counters.get("truth_dropped").copied().unwrap_or(0),
         e.counters.get("egress_unmatched").copied().unwrap_or(0),
     );
+    if let Some(u) = &lab.until_late {
+        let _ = if u.reached {
+            writeln!(
+                out,
+                "  sized      stopped once every flow had {} late segments (fewest {})",
+                u.asked, u.fewest
+            )
+        } else {
+            writeln!(
+                out,
+                "  SHORT      asked for {} late segments in every flow, the bytes or the time ran out at {}: give a higher --rate, --bytes or --duration",
+                u.asked, u.fewest
+            )
+        };
+    }
     for r in &lab.flows {
         let port = r.flow.src.port();
         let _ = writeln!(out, "  {}", r.flow);

@@ -90,6 +90,14 @@ pub struct EdgeReport {
     pub counters: std::collections::BTreeMap<&'static str, u64>,
 }
 
+/// A stopping point for the upload: the edge has made at least `late`
+/// late segments in each of `flows` flows.
+#[derive(Clone, Copy, Debug)]
+pub struct Until {
+    pub late: u64,
+    pub flows: usize,
+}
+
 pub struct Edge {
     mode: Mode,
     queue_cpus: Vec<u32>,
@@ -114,8 +122,15 @@ const COUNTER_NAMES: [(&str, u32); counter::COUNT as usize] = [
 
 impl Edge {
     /// Loads the edge programs into `topo`'s edge namespace and starts the
-    /// mode's work; `truth_out` gets every segment leaving the edge.
-    pub fn start(topo: &Topology, mode: Mode, truth_out: Option<&Path>) -> Result<Self> {
+    /// mode's work; `truth_out` gets every segment leaving the edge. With
+    /// `until`, `enough` is set once the edge has made that many late
+    /// segments.
+    pub fn start(
+        topo: &Topology,
+        mode: Mode,
+        truth_out: Option<&Path>,
+        until: Option<(Until, Arc<AtomicBool>)>,
+    ) -> Result<Self> {
         let out = TruthFile::create(truth_out)?;
         let cpus = online_cpus()?;
         let queue_cpus: Vec<u32> = (0..topo.queues)
@@ -198,7 +213,7 @@ impl Edge {
             let queues = topo.queues;
             std::thread::Builder::new()
                 .name("lab-edge".into())
-                .spawn(move || edge_loop(ring, flows, repoint, queues, out, &stop))?
+                .spawn(move || edge_loop(ring, flows, repoint, queues, out, until, &stop))?
         };
         Ok(Self {
             mode,
@@ -255,6 +270,7 @@ fn edge_loop(
     repoint: Option<Duration>,
     queues: u32,
     mut out: TruthFile,
+    until: Option<(Until, Arc<AtomicBool>)>,
     stop: &AtomicBool,
 ) -> Truth {
     let mut truth = Truth::default();
@@ -268,6 +284,11 @@ fn edge_loop(
                 let ev = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<EdgeEvent>()) };
                 truth.observe(&ev);
                 out.write(&TruthRecord::segment(&ev));
+            }
+        }
+        if let Some((until, enough)) = &until {
+            if truth.fewest_late(until.flows) >= until.late {
+                enough.store(true, Ordering::SeqCst);
             }
         }
         if stopping {

@@ -31,12 +31,15 @@ mod upload;
 use std::{
     net::IpAddr,
     process::Command,
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        atomic::{AtomicBool, AtomicU32, Ordering},
+        Arc,
+    },
 };
 
 use anyhow::{bail, Context, Result};
 
-pub use edge::{Edge, EdgeReport, Mode};
+pub use edge::{Edge, EdgeReport, Mode, Until};
 pub use pattern::{HeldSegment, Pattern, PatternTruth};
 pub use sender_acks::{SenderAcks, SenderProbe};
 pub use upload::{tcp_info, FlowResult, Upload, UploadSpec};
@@ -384,6 +387,10 @@ pub struct LabSpec {
     /// Write every segment leaving the edge (and every table change) here,
     /// as JSON lines.
     pub truth_out: Option<std::path::PathBuf>,
+    /// Stop the upload once the edge has made this many late segments in
+    /// every flow (`bytes_per_flow` and `timeout` still bound it): an
+    /// experiment sized by what happened, not by bytes and a hope.
+    pub until_late: Option<u64>,
 }
 
 impl LabSpec {
@@ -401,6 +408,7 @@ impl LabSpec {
             pacing: None,
             sender_gso: true,
             truth_out: None,
+            until_late: None,
         }
     }
 }
@@ -415,6 +423,8 @@ pub struct Lab {
     probe: Option<SenderProbe>,
     pub topo: Topology,
     spec: LabSpec,
+    /// Set by the edge when `spec.until_late` is reached.
+    enough: Arc<AtomicBool>,
 }
 
 /// What the lab itself saw: the sockets, the edge, the kernels' counters.
@@ -428,6 +438,20 @@ pub struct LabOutcome {
     pub sender_counters: std::collections::BTreeMap<String, u64>,
     /// When the senders' sockets took each ACK (for the replay).
     pub sender_acks: SenderAcks,
+    /// Whether a run sized by `--until-late` got there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub until_late: Option<UntilLate>,
+}
+
+/// How a run asked to go on until enough late segments ended.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct UntilLate {
+    /// Late segments asked for in every flow.
+    pub asked: u64,
+    /// The fewest the edge made in any flow.
+    pub fewest: u64,
+    /// Every flow got there before the bytes or the time ran out.
+    pub reached: bool,
 }
 
 impl Lab {
@@ -449,13 +473,22 @@ impl Lab {
                 "1",
             ])?;
         }
-        let edge = Edge::start(&topo, spec.mode, spec.truth_out.as_deref())?;
+        let enough = Arc::new(AtomicBool::new(false));
+        let until = spec.until_late.map(|late| {
+            let until = Until {
+                late,
+                flows: spec.flows,
+            };
+            (until, enough.clone())
+        });
+        let edge = Edge::start(&topo, spec.mode, spec.truth_out.as_deref(), until)?;
         Ok(Self {
             upload: None,
             edge: Some(edge),
             probe: None,
             topo,
             spec: spec.clone(),
+            enough,
         })
     }
 
@@ -463,7 +496,7 @@ impl Lab {
     /// ACK probe.
     pub fn start_upload(&mut self) -> Result<()> {
         self.probe = Some(SenderProbe::attach(&self.topo)?);
-        self.upload = Some(Upload::start(
+        self.upload = Some(Upload::start_until(
             &self.topo,
             &UploadSpec {
                 flows: self.spec.flows,
@@ -473,6 +506,7 @@ impl Lab {
                 timeout: self.spec.timeout,
                 pacing: self.spec.pacing,
             },
+            self.enough.clone(),
         )?);
         Ok(())
     }
@@ -507,6 +541,14 @@ impl Lab {
         let sender_counters = in_netns(&self.topo.client_ns, || {
             truth::tcp_ext(truth::SENDER_COUNTERS)
         })?;
+        let until_late = self.spec.until_late.map(|asked| {
+            let fewest = edge.truth.fewest_late(self.spec.flows);
+            UntilLate {
+                asked,
+                fewest,
+                reached: fewest >= asked,
+            }
+        });
         Ok(LabOutcome {
             sender: self.spec.sender,
             flows,
@@ -514,6 +556,7 @@ impl Lab {
             receiver_counters,
             sender_counters,
             sender_acks,
+            until_late,
         })
     }
 }

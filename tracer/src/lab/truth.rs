@@ -121,6 +121,15 @@ impl Truth {
         self.flows.iter().map(|f| f.late).sum()
     }
 
+    /// The fewest late segments of any of the first `flows` flows to
+    /// leave the edge (0 while fewer have).
+    pub fn fewest_late(&self, flows: usize) -> u64 {
+        if self.flows.len() < flows.max(1) {
+            return 0;
+        }
+        self.flows.iter().map(|f| f.late).min().unwrap_or(0)
+    }
+
     pub fn late_on_another_path(&self) -> u64 {
         self.flows.iter().map(|f| f.late_on_another_path).sum()
     }

@@ -84,6 +84,17 @@ const POLL: Duration = Duration::from_millis(100);
 
 impl Upload {
     pub fn start(topo: &Topology, spec: &UploadSpec) -> Result<Self> {
+        Self::start_until(topo, spec, Arc::default())
+    }
+
+    /// The same, but the senders also stop once `enough` is set: each
+    /// finishes its write, closes, and waits for the server to have read
+    /// everything it sent (so received still equals sent).
+    pub fn start_until(
+        topo: &Topology,
+        spec: &UploadSpec,
+        enough: Arc<AtomicBool>,
+    ) -> Result<Self> {
         let server_addr = SocketAddr::new(topo.server_addr(spec.ipv6), spec.port);
         let deadline = Instant::now() + spec.timeout;
         let stop = Arc::new(AtomicBool::new(false));
@@ -99,10 +110,10 @@ impl Upload {
 
         let mut senders = Vec::new();
         for _ in 0..spec.flows {
-            let (stop, remaining) = (stop.clone(), remaining.clone());
+            let (stop, remaining, enough) = (stop.clone(), remaining.clone(), enough.clone());
             let (ns, bytes, pacing) = (topo.client_ns.clone(), spec.bytes_per_flow, spec.pacing);
             senders.push(std::thread::spawn(move || {
-                let r = send(&ns, server_addr, bytes, pacing, deadline, &stop);
+                let r = send(&ns, server_addr, bytes, pacing, deadline, &stop, &enough);
                 remaining.fetch_sub(1, Ordering::SeqCst);
                 r
             }));
@@ -300,6 +311,7 @@ fn send(
     pacing: Option<u64>,
     deadline: Instant,
     stop: &AtomicBool,
+    enough: &AtomicBool,
 ) -> Result<Sent> {
     let mut stream = in_netns(ns, || connect(to))??;
     stream.set_write_timeout(Some(POLL))?;
@@ -311,7 +323,7 @@ fn send(
     let chunk = vec![0x5au8; CHUNK];
     let mut sent = 0u64;
     let mut srtt = (0u64, 0u64);
-    while sent < bytes && !expired(deadline, stop) {
+    while sent < bytes && !expired(deadline, stop) && !enough.load(Ordering::SeqCst) {
         let n = (bytes - sent).min(CHUNK as u64) as usize;
         match stream.write(&chunk[..n]) {
             Ok(w) => {
