@@ -349,6 +349,9 @@ struct WireView {
     last_migration_ns: Option<u64>,
     /// What a sender's loss detection would have reacted to.
     log: FlowLog,
+    /// Summary mode: where the data the kernel counted without emitting
+    /// ended, when a FIN said so (after the last data segment emitted).
+    counted_end: u64,
 }
 
 impl WireView {
@@ -370,7 +373,18 @@ impl WireView {
             previous_queue: None,
             last_migration_ns: None,
             log: FlowLog::default(),
+            counted_end: start,
         }
+    }
+
+    /// Summary mode: the flow's `n` data segments the kernel counted in
+    /// order, on its path, before the segment at hand.
+    fn counted(&mut self, n: u32, paths: &mut Paths) {
+        let n = u64::from(n);
+        self.m.data_segments += n;
+        self.m.in_order += n;
+        self.run += n;
+        path(paths, self.queue, self.cpu).segments += n;
     }
 }
 
@@ -443,9 +457,12 @@ impl FlowState {
     /// the data it moved, each byte once (not its retransmissions), and the
     /// segments summary mode kept in the kernel too.
     pub fn seq_advance(&self) -> u64 {
-        self.wire
-            .as_ref()
-            .map_or(0, |w| w.order.next_exp().saturating_sub(w.start))
+        self.wire.as_ref().map_or(0, |w| {
+            w.order
+                .next_exp()
+                .max(w.counted_end)
+                .saturating_sub(w.start)
+        })
     }
 
     /// The wire view's metrics, with the RFC 5236 frequencies filled in.
@@ -620,6 +637,15 @@ impl Engine {
             f.rtt_ns.get_or_insert(s.ts_ns.saturating_sub(syn_ns));
         }
         if s.payload_len == 0 || s.flags & RST != 0 {
+            // Summary mode: a FIN carries the count of the flow's last data
+            // segments, which no later segment will; they ended where the
+            // FIN's sequence number begins.
+            if let Some(w) = f.wire.as_mut().filter(|_| s.summarized_before > 0) {
+                w.counted(s.summarized_before, &mut f.paths);
+                if s.flags & FIN != 0 {
+                    w.counted_end = w.counted_end.max(w.unwrap.ext(s.seq));
+                }
+            }
             return None;
         }
         // Data after a SYN seen here starts at ISN + 1; otherwise tracing
@@ -642,11 +668,7 @@ impl Engine {
         // Summary mode: the flow's segments the kernel counted before this
         // one were in order, on the flow's path.
         if s.summarized_before > 0 {
-            let n = u64::from(s.summarized_before);
-            w.m.data_segments += n;
-            w.m.in_order += n;
-            w.run += n;
-            path(&mut f.paths, w.queue, w.cpu).segments += n;
+            w.counted(s.summarized_before, &mut f.paths);
         }
         let start = w.unwrap.ext(seq);
         let a = Arrival {
@@ -686,6 +708,12 @@ impl Engine {
             let discarded = p.flags & FIN != 0 || !duplicate_in_sequence;
             if paws && discarded && p.flags & (RST | SYN) == 0 {
                 f.tcp_layer.paws_discarded += 1;
+            }
+            // A FIN takes a sequence number: one that overtook the last
+            // data goes into the out-of-order queue and rcv_ooopack.
+            let ahead = (p.seq.wrapping_sub(p.rcv_nxt) as i32) > 0;
+            if !paws && ahead && p.flags & FIN != 0 && p.flags & (RST | SYN) == 0 {
+                f.tcp_layer.ofo_segments += 1;
             }
             return;
         }

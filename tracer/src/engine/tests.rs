@@ -303,6 +303,11 @@ fn tcp_layer_view_counts_its_own_order() {
     e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, ACK));
     e.observe_obs(&probe_flags(3001, 0, 3001, 0, 97, ACK));
     e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, RST | FIN));
+    // A FIN that overtook the last data is queued out of order (it takes
+    // a sequence number) and counted in rcv_ooopack like a segment; one
+    // in sequence is not.
+    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 100, ACK | FIN));
+    e.observe_obs(&probe_flags(3001, 0, 3001, 0, 100, ACK | FIN));
     let r = one_flow(&e);
     assert_eq!(r.tcp_layer.events, 6);
     assert_eq!(r.tcp_layer.paws_discarded, 3);
@@ -314,8 +319,9 @@ fn tcp_layer_view_counts_its_own_order() {
         ),
         (3, 1, 1)
     );
-    // What the kernel adds to rcv_ooopack for these: 2 + 3 + 1 + 1.
-    assert_eq!(r.tcp_layer.ofo_segments, 7);
+    // What the kernel adds to rcv_ooopack for these: 2 + 3 + 1 + 1, and
+    // the FIN.
+    assert_eq!(r.tcp_layer.ofo_segments, 8);
     assert_eq!(r.rtt_us, Some(40)); // from the socket's srtt
 }
 
@@ -486,4 +492,31 @@ fn the_live_snapshot_keeps_the_most_reordered_flows_and_the_selected_one() {
     assert_eq!(s.totals.reordering.reordered, 4 + 3 + 2 + 1);
     assert!(s.flows.iter().all(|f| f.replay.is_none()));
     assert_eq!(e.live_snapshot(10, None).flows.len(), 5);
+}
+
+/// Summary mode: the kernel counts in-order segments without emitting
+/// them, and the next emitted segment carries the count. The flow's last
+/// ones are carried by its FIN, which has no data: they count, and the
+/// flow's volume ends where the FIN begins.
+#[test]
+fn a_fin_carries_the_count_of_the_last_segments_kept_in_the_kernel() {
+    let mut e = Engine::new(EngineConfig::default());
+    let (f, isn) = (flow(1), 5000);
+    e.segment(&syn(f, isn, 0, 0));
+    // Segments 0 and 8 emitted (sampled); 1-7 and 9-11 only counted.
+    e.segment(&seg(f, isn, 0, 10, 0, 0));
+    e.segment(&Segment {
+        summarized_before: 7,
+        ..seg(f, isn, 8, 20, 0, 0)
+    });
+    let fin = Segment {
+        payload_len: 0,
+        flags: FIN | ACK,
+        summarized_before: 3,
+        ..seg(f, isn, 12, 30, 0, 0)
+    };
+    assert!(e.segment(&fin).is_none());
+    let r = one_flow(&e);
+    assert_eq!((r.data_segments, r.reordered), (12, 0));
+    assert_eq!(r.seq_advance_bytes, 12 * u64::from(MSS));
 }
