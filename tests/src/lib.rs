@@ -78,6 +78,18 @@ pub fn record_upload_into(
     sink: &mut dyn Sink,
 ) -> Result<(Outcome, Vec<FlowResult>, Engine)> {
     let upload = Upload::start(topo, spec)?;
+    let (outcome, engine) = record_until_over(tracer, &upload, spec, sink)?;
+    let results = upload.join()?;
+    Ok((outcome, results, engine))
+}
+
+/// Records `upload` (started from `spec`) into `sink` until it is over.
+pub fn record_until_over(
+    tracer: &mut Tracer,
+    upload: &Upload,
+    spec: &UploadSpec,
+    sink: &mut dyn Sink,
+) -> Result<(Outcome, Engine)> {
     let mut engine = Engine::new(EngineConfig::default());
     let outcome = record::run(
         tracer,
@@ -91,8 +103,7 @@ pub fn record_upload_into(
             metrics: None,
         },
     )?;
-    let results = upload.join()?;
-    Ok((outcome, results, engine))
+    Ok((outcome, engine))
 }
 
 /// How a set of byte ranges covers [0, len): bytes covered more than once,

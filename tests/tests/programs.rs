@@ -5,12 +5,12 @@
 //! (a tracepoint's arguments, the verifier, how tc programs attach) fails
 //! here, by the name of the mode.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tests::{record_upload_into, root_or_skip};
+use tests::{record_until_over, record_upload_into, root_or_skip};
 use tracer::{
     kernel::{self, AttachedMode, Tracer, TracerOptions, XdpModeChoice},
-    lab::{self, Lab, LabSpec, Mode, Pattern, UploadSpec},
+    lab::{self, Lab, LabSpec, Mode, Pattern, Upload, UploadSpec},
     record::Sink,
     source::{Observation, Raw},
     Filter,
@@ -340,28 +340,32 @@ fn a_rejected_program_is_one_line_naming_kernel_and_cause() {
     assert!(log.lines().count() > 3 && !words.is_empty(), "{log}");
 }
 
-/// A sink as slow as a collector on a busy host: it sleeps a millisecond
-/// every 32 observations (some 30,000 a second, against the upload's
-/// 100,000 segments a second and more).
-struct Starved {
+/// A collector that gets no CPU while the upload runs: the first
+/// observation blocks it until every sender is done.
+struct Starved<'a> {
     seen: Seen,
-    n: u64,
+    upload: &'a Upload,
+    waited: bool,
 }
 
-impl Sink for Starved {
+impl Sink for Starved<'_> {
     fn observe(&mut self, obs: &Observation, raw: &Raw) {
-        self.seen.observe(obs, raw);
-        self.n += 1;
-        if self.n.is_multiple_of(32) {
-            std::thread::sleep(Duration::from_millis(1));
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.waited && !self.upload.finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
+        self.waited = true;
+        self.seen.observe(obs, raw);
     }
 }
 
-/// A 1 MiB ring and a starved collector, in full mode: by default the
-/// programs summarize while the ring is over half full, and nothing is
-/// lost (every payload byte sent is counted); with the guard off
-/// (`--never-summarize`) the same run drops events.
+/// A 4 MiB ring (about 30,000 events, half of it 15,000) and a collector
+/// starved for a whole 64 MiB upload (some 46,000 segments, each an XDP
+/// event and most a tcp_probe one), in full mode: by default the programs
+/// summarize once the ring is half full, and then emit what fits in the
+/// other half (1 in 64 of the rest, and what loss recovery sends out of
+/// order), so nothing is lost: every payload byte sent is counted; with
+/// the guard off (`--never-summarize`) the same run drops events.
 #[test]
 fn a_starved_collector_loses_no_event_unless_told_to() {
     if !root_or_skip("a_starved_collector_loses_no_event_unless_told_to") {
@@ -373,7 +377,7 @@ fn a_starved_collector_loses_no_event_unless_told_to() {
         let topo = &lab.topo;
         let mut opts = TracerOptions::new(lab::SERVER_IF);
         opts.netns = Some(topo.server_ns.clone());
-        opts.ring_bytes = 1 << 20;
+        opts.ring_bytes = 4 << 20;
         if !guard {
             opts.overload_sample = 0;
         }
@@ -386,16 +390,20 @@ fn a_starved_collector_loses_no_event_unless_told_to() {
             timeout: Duration::from_secs(120),
             pacing: None,
         };
+        let upload = Upload::start(topo, &spec).expect("upload");
         let mut sink = Starved {
             seen: Seen::default(),
-            n: 0,
+            upload: &upload,
+            waited: false,
         };
-        let (outcome, results, _) =
-            record_upload_into(topo, &mut tracer, &spec, &mut sink).expect("upload");
+        let (outcome, _) =
+            record_until_over(&mut tracer, &upload, &spec, &mut sink).expect("record");
+        let seen = sink.seen.payload;
+        let results = upload.join().expect("upload");
         drop(tracer);
         assert_eq!(results[0].received, UPLOAD, "the upload did not finish");
         let c = outcome.counters;
-        let payload = sink.seen.payload + c.get(XDP_SUMMARIZED_BYTES);
+        let payload = seen + c.get(XDP_SUMMARIZED_BYTES);
         eprintln!(
             "guard {guard}: overloaded {} times (left {}), dropped {} (XDP {}, tcp_probe {}), {} of {UPLOAD} payload bytes counted, {} segments summarized",
             c.get(OVERLOAD_ENTERED),

@@ -226,6 +226,29 @@ fn start_record(topo: &Topology, extra: &[&str]) -> (Child, mpsc::Receiver<Strin
     (child, rx)
 }
 
+/// Bytes covered by (seq, length) segments, each byte once (sequence
+/// numbers taken from the first segment's, modulo 2^32).
+fn distinct_bytes(segments: &[(u32, u32)]) -> u64 {
+    let Some(&(first, _)) = segments.first() else {
+        return 0;
+    };
+    let mut ranges: Vec<(u64, u64)> = segments
+        .iter()
+        .filter(|(_, len)| *len > 0)
+        .map(|&(seq, len)| {
+            let start = u64::from(seq.wrapping_sub(first));
+            (start, start + u64::from(len))
+        })
+        .collect();
+    ranges.sort_unstable();
+    let (mut covered, mut reach) = (0, 0);
+    for (start, end) in ranges {
+        covered += end.saturating_sub(start.max(reach));
+        reach = reach.max(end);
+    }
+    covered
+}
+
 fn upload(topo: &Topology, bytes: u64) -> Upload {
     Upload::start(
         topo,
@@ -276,14 +299,18 @@ fn record_writes_json_lines_and_ends_on_its_duration() {
         .collect();
     let wrote = format!("wrote      {} observations", lines.len());
     assert!(stdout.contains(&wrote), "{wrote} not in {stdout}");
-    // The file holds the whole upload's payload, as the receiver counted it.
+    // The file holds every byte of the upload the receiver counted, each
+    // once however often it was sent.
     let src = result[0].flow.src.to_string();
-    let payload: u64 = lines
+    let segments: Vec<(u32, u32)> = lines
         .iter()
         .filter(|l| l["kind"] == "segment" && l["flow"]["src"] == src.as_str())
-        .map(|l| l["payload_len"].as_u64().unwrap())
-        .sum();
-    assert_eq!(payload, result[0].received);
+        .map(|l| {
+            let n = |k: &str| l[k].as_u64().unwrap() as u32;
+            (n("seq"), n("payload_len"))
+        })
+        .collect();
+    assert_eq!(distinct_bytes(&segments), result[0].received);
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);

@@ -1,9 +1,10 @@
-//! `cargo xtask setup | build-and-run | lab | test | bench | fuzz`: the
-//! project's own tasks.
+//! `cargo xtask setup | build-and-run | lab | test | validate | bench |
+//! fuzz`: the project's own tasks.
 
 mod guest;
 mod matrix;
 mod runner;
+mod validate;
 
 use std::{
     path::{Path, PathBuf},
@@ -52,6 +53,18 @@ enum Task {
         /// Filters: only tests whose `target::name` contains one of them.
         #[arg(last = true)]
         filters: Vec<String>,
+    },
+    /// The statistical checks: lab experiments whose results are
+    /// distributions (the share of late segments found, the replay against
+    /// the real senders, summary mode's shares), each run K times, their
+    /// medians held to bands (root; not part of the test suite).
+    Validate {
+        /// Runs per experiment.
+        #[arg(long, value_name = "K", default_value_t = 5)]
+        runs: u32,
+        /// Only experiments whose name contains one of these.
+        #[arg(last = true)]
+        only: Vec<String>,
     },
     /// Benchmarks, each printing its figures beside a baseline measured in
     /// the same run (ratios, not absolute times, are what to compare).
@@ -131,6 +144,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             repeat,
             filters,
         } => test(kernel, repeat, &filters),
+        Task::Validate { runs, only } => {
+            setup()?;
+            validate::run(runs, &only)
+        }
         Task::Bench => bench(),
         Task::Fuzz { secs } => fuzz(secs),
         Task::GuestRun => guest::run().map(|()| ExitCode::SUCCESS),
@@ -284,7 +301,7 @@ fn test(kernel: KernelChoice, repeat: u32, filters: &[String]) -> Result<ExitCod
         if cases.is_empty() {
             bail!("no test matches {filters:?}");
         }
-        runner::forward_ctrl_c();
+        runner::forward_signals();
         for round in 1..=repeat {
             host_round(&cases, round, repeat, &mut tally)?;
             if runner::interrupted() {

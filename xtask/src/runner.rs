@@ -186,26 +186,24 @@ pub fn cases(binaries: &[Binary], filters: &[String]) -> Result<Vec<Case>> {
 static RUNNING: AtomicI32 = AtomicI32::new(0);
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn forward_sigint(_: libc::c_int) {
+extern "C" fn forward(signal: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
     let group = RUNNING.load(Ordering::SeqCst);
     if group > 0 {
         // SAFETY: kill(2) is async-signal-safe.
-        unsafe { libc::kill(-group, libc::SIGINT) };
+        unsafe { libc::kill(-group, signal) };
     }
 }
 
-/// Ctrl-C reaches the running test (in its own process group, away from
-/// the terminal's) so it cleans up as it would under `cargo test`; the run
-/// then stops.
-pub fn forward_ctrl_c() {
-    // SAFETY: installs a handler that only stores atomics and calls kill.
-    unsafe {
-        libc::signal(
-            libc::SIGINT,
-            forward_sigint as *const () as libc::sighandler_t,
-        )
-    };
+/// Ctrl-C (and SIGTERM, SIGHUP) reaches the running test, in its own
+/// process group away from the terminal's, so it cleans up as it would
+/// under `cargo test`; the run then stops.
+pub fn forward_signals() {
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: installs a handler that only stores atomics and calls
+        // kill.
+        unsafe { libc::signal(signal, forward as *const () as libc::sighandler_t) };
+    }
 }
 
 /// Whether Ctrl-C asked the run to stop.
