@@ -236,6 +236,13 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
         e.counters.get("truth_dropped").copied().unwrap_or(0),
         e.counters.get("egress_unmatched").copied().unwrap_or(0),
     );
+    if lab.dropped_on_the_way > 0 {
+        let _ = writeln!(
+            out,
+            "  way        {} packets dropped between the edge and the server (its receive ring full): sent, never seen",
+            lab.dropped_on_the_way
+        );
+    }
     if let Some(u) = &lab.until_late {
         let _ = if u.reached {
             writeln!(

@@ -228,7 +228,8 @@ fn atr_until_late(rate: &str, n_flows: &str, extra: &[&str]) -> Value {
             "--bytes",
             "2G",
             "--duration",
-            "60",
+            // (Under TCG the path carries about 60 Mbit/s.)
+            if under_tcg() { "240" } else { "60" },
         ][..],
         extra,
     ]
@@ -279,8 +280,9 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
         let what = format!("rate {rate}{}", if ipv6 { " ipv6" } else { "" });
         assert_eq!(u(&r["totals"]["dropped_events"]), 0, "{what}");
         let account = segment_by_segment(&obs, &truth_file);
-        eprintln!("{what}: {account}");
-        account.check(&what, ipv6);
+        let on_the_way = u(&r["lab"]["dropped_on_the_way"]);
+        eprintln!("{what}: {account}; {on_the_way} packets dropped on the way");
+        account.check(&what, ipv6, on_the_way);
         for (f, truth, sockets) in flows(&r) {
             let (ooo, tcp_ofo) = (
                 u(&sockets["rcv_ooopack"]),
@@ -375,8 +377,9 @@ impl Account {
     }
 
     /// Every late segment reached the server and each is accounted for by
-    /// what the arrival order itself shows.
-    fn check(&self, what: &str, ipv6: bool) {
+    /// what the arrival order itself shows; `on_the_way`: packets the
+    /// kernel dropped between the edge and the server.
+    fn check(&self, what: &str, ipv6: bool, on_the_way: u64) {
         assert_eq!(
             self.classes.values().sum::<u64>(),
             self.late,
@@ -386,16 +389,20 @@ impl Account {
         // put it back on the way (and then no later byte had arrived); or
         // behind its own retransmission, which overtook it after the edge.
         // With IPv6 the tracer may not know original from retransmission
-        // when the timestamps say nothing (counted).
+        // when the timestamps say nothing (counted). Only its
+        // retransmission arrives of one dropped on the way (counted).
         let ambiguous = if ipv6 {
             self.ambiguous_same_timestamps
         } else {
             0
         };
+        let lost = self.count("Retransmission");
+        assert!(lost <= on_the_way, "{what}: {self}");
         assert_eq!(
             self.count("Reordered")
                 + self.count("InOrder")
                 + self.count("RetransmissionFirst")
+                + lost
                 + ambiguous,
             self.late,
             "{what}: {self}"
@@ -559,32 +566,54 @@ fn pattern_mode_metrics_equal_the_pattern() {
             t["byte_offset"]["mean"],
             bytes.iter().sum::<u64>() as f64 / n.max(1) as f64,
         );
+        // (By construction: every 40th of some 11,000 segments.)
         assert!(n > 100, "{pattern}: only {n} held segments were overtaken");
-        assert!(within(u(&t["reordered"]), n, 0.01), "{pattern}");
-        assert_eq!(u(&t["extent"]["min"]), *extents.iter().min().unwrap());
-        assert_eq!(u(&t["extent"]["max"]), *extents.iter().max().unwrap());
-        let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
-        let close = |got: &Value, want: f64| (got.as_f64().unwrap() - want).abs() <= 0.01 * want;
+        // The reorderer knows each overtaking segment: the tracer's counts
+        // are its own, unless the kernel dropped a segment between the
+        // edge and the server (counted), which then changes what it sees.
+        let on_the_way = u(&r["lab"]["dropped_on_the_way"]);
+        let reordered = u(&t["reordered"]);
         assert!(
-            close(&t["extent"]["mean"], mean(&extents)),
-            "{pattern} extent"
+            reordered <= n && n - reordered <= on_the_way,
+            "{pattern}: {reordered} of {n} held, {on_the_way} dropped on the way"
         );
-        assert!(
-            close(&t["byte_offset"]["mean"], mean(&bytes)),
-            "{pattern} bytes"
-        );
-        // RFC 4737 §5: late after n higher segments, for n = 1..8.
-        for (i, nr) in t["n_reordering"].as_array().unwrap().iter().enumerate() {
-            let want = extents.iter().filter(|&&e| e > i as u64).count() as u64;
-            assert!(within(u(&nr["count"]), want, 0.01), "{pattern} n={}", i + 1);
+        if on_the_way == 0 {
+            assert_eq!(u(&t["extent"]["min"]), *extents.iter().min().unwrap());
+            assert_eq!(u(&t["extent"]["max"]), *extents.iter().max().unwrap());
+            let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64;
+            let close =
+                |got: &Value, want: f64| (got.as_f64().unwrap() - want).abs() <= 1e-9 * want;
+            assert!(
+                close(&t["extent"]["mean"], mean(&extents)),
+                "{pattern} extent"
+            );
+            assert!(
+                close(&t["byte_offset"]["mean"], mean(&bytes)),
+                "{pattern} bytes"
+            );
+            // RFC 4737 §5: late after n higher segments, for n = 1..8.
+            for (i, nr) in t["n_reordering"].as_array().unwrap().iter().enumerate() {
+                let want = extents.iter().filter(|&&e| e > i as u64).count() as u64;
+                assert_eq!(u(&nr["count"]), want, "{pattern} n={}", i + 1);
+            }
         }
-        // One queue, and the reorderer pinned to one CPU; still, a segment
-        // has reached the server from the other CPU (CI: 288 of 289 on
-        // the same queue and CPU once): allowed for one in a hundred.
+        // One queue, and the reorderer pinned to one CPU: each late segment
+        // was overtaken on its own queue and CPU, but for segments that
+        // reached the server another way (counted: the flow's other paths;
+        // CI once saw 288 of 289).
         let a = &t["attribution"];
+        let elsewhere: u64 = flows(&r)
+            .iter()
+            .map(|(f, _, _)| {
+                let paths = f["paths"].as_array().unwrap();
+                let main = paths.iter().map(|p| u(&p["segments"])).max().unwrap_or(0);
+                paths.iter().map(|p| u(&p["segments"])).sum::<u64>() - main
+            })
+            .sum();
+        let same = u(&a["same_queue_same_cpu"]);
         assert!(
-            within(u(&a["same_queue_same_cpu"]), u(&t["reordered"]), 0.01),
-            "{pattern}: {a}"
+            same <= reordered && reordered - same <= elsewhere,
+            "{pattern}: {a}, {elsewhere} segments off the flow's path"
         );
         assert_eq!(u(&t["queue_migrations"]), 0);
         for (f, _, _) in flows(&r) {
@@ -788,7 +817,15 @@ fn summary_mode_keeps_the_reorder_counts_and_verdicts() {
         r["totals"]["reordered"],
     );
     assert!(held > 100);
-    assert_eq!(u(&r["totals"]["reordered"]), held);
+    // As in full mode: the pattern's, but for segments dropped on the way.
+    let (reordered, on_the_way) = (
+        u(&r["totals"]["reordered"]),
+        u(&r["lab"]["dropped_on_the_way"]),
+    );
+    assert!(
+        reordered <= held && held - reordered <= on_the_way,
+        "{reordered} of {held} held, {on_the_way} dropped on the way"
+    );
     // What may leave the kernel: the sample (1 in 16 of the rest), the
     // held segments and the ones that overtook them, and copies the
     // sender sent again; the rest is summarized.

@@ -121,19 +121,6 @@ fn upload(lab: &mut Lab) -> lab::LabOutcome {
     lab.finish().unwrap()
 }
 
-/// Packets the kernel dropped on the way from the edge to the server's
-/// XDP: the edge's veth TX drops (the server's ring full) and the server's
-/// RX drops, as `ip -s link` counts them.
-fn dropped_on_the_way(lab: &Lab) -> u64 {
-    let dropped = |ns: &str, dev: &str, dir: &str| {
-        let out = lab::ip(&["-n", ns, "-j", "-s", "link", "show", "dev", dev]).unwrap();
-        let v: Value = serde_json::from_str(&out).unwrap();
-        u(&v[0]["stats64"][dir]["dropped"])
-    };
-    dropped(&lab.topo.edge_ns, lab::EDGE_SERVER_IF, "tx")
-        + dropped(&lab.topo.server_ns, lab::SERVER_IF, "rx")
-}
-
 /// tshark's fields of every frame on interface 0 (the segments), and
 /// everything it said on stderr but its warning about running as root.
 fn tshark(file: &Path, fields: &[&str]) -> (Vec<Vec<String>>, Vec<String>) {
@@ -188,7 +175,7 @@ fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_repo
     let (file, truth) = (temp("lab.pcapng"), temp("truth.jsonl"));
     let (mut lab, record) = lab_with_record(Some(&truth), &file, 2, Some(LATE_PER_FLOW));
     let outcome = upload(&mut lab);
-    let on_the_way = dropped_on_the_way(&lab);
+    let on_the_way = outcome.dropped_on_the_way;
     // The edge reordered every flow (it ran until it had).
     let until = outcome.until_late.unwrap();
     assert!(until.reached, "{until:?}");

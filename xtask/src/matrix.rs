@@ -76,7 +76,7 @@ pub const GUEST_TESTS: &[(&str, &[&str])] = &[
         "lab",
         &[
             "off_mode_reports_no_reordering",
-            "atr_reordering_is_found_and_attributed_at_three_intensities",
+            "atr_reordering_is_found_segment_by_segment_at_three_intensities",
             "summary_mode_keeps_the_reorder_counts_and_verdicts",
         ],
     ),

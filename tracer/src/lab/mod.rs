@@ -256,6 +256,16 @@ impl Drop for Topology {
     }
 }
 
+/// Packets `dev` in `ns` dropped in direction `dir` (`rx`, `tx`), from
+/// `ip -s link`'s JSON.
+fn link_dropped(ns: &str, dev: &str, dir: &str) -> Result<u64> {
+    let out = ip(&["-n", ns, "-j", "-s", "link", "show", "dev", dev])?;
+    let v: serde_json::Value = serde_json::from_str(&out).context("`ip -j -s link` output")?;
+    v[0]["stats64"][dir]["dropped"]
+        .as_u64()
+        .with_context(|| format!("no {dir} drop count for {dev} in `ip -j -s link`"))
+}
+
 fn veth_pair(a: (&str, &str), b: (&str, &str), queues: u32) -> Result<()> {
     let q = queues.to_string();
     ip(&[
@@ -441,6 +451,11 @@ pub struct LabOutcome {
     /// Whether a run sized by `--until-late` got there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub until_late: Option<UntilLate>,
+    /// Packets the kernel dropped between the edge and the server's XDP
+    /// (the edge's veth TX drops: the server's receive ring full; and the
+    /// server's RX drops), as `ip -s link` counts them: what left the edge
+    /// and never reached the tracer.
+    pub dropped_on_the_way: u64,
 }
 
 /// How a run asked to go on until enough late segments ended.
@@ -541,6 +556,8 @@ impl Lab {
         let sender_counters = in_netns(&self.topo.client_ns, || {
             truth::tcp_ext(truth::SENDER_COUNTERS)
         })?;
+        let dropped_on_the_way = link_dropped(&self.topo.edge_ns, EDGE_SERVER_IF, "tx")?
+            + link_dropped(&self.topo.server_ns, SERVER_IF, "rx")?;
         let until_late = self.spec.until_late.map(|asked| {
             let fewest = edge.truth.fewest_late(self.spec.flows);
             UntilLate {
@@ -557,6 +574,7 @@ impl Lab {
             sender_counters,
             sender_acks,
             until_late,
+            dropped_on_the_way,
         })
     }
 }
