@@ -148,14 +148,30 @@ fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
 
-/// |a - b| <= share * b.
-/// Whether the tracer's TCP-layer view of a flow is whole: this kernel
-/// sometimes runs no program for `tcp_probe` on a CPU for milliseconds
-/// without counting a miss (issue 2), and the report marks such flows.
+/// Whether the replay takes the tracer's TCP-layer view of a flow as
+/// whole (99.9% of what XDP saw): this kernel sometimes runs no program
+/// for `tcp_probe` on a CPU for milliseconds without counting a miss
+/// (issue 2).
 fn tcp_layer_whole(f: &Value) -> bool {
     u(&f["tcp_layer"]["payload_bytes"]) * 1000 >= u(&f["payload_bytes"]) * 999
 }
 
+/// Payload bytes XDP saw of a flow (full mode) that the TCP layer did
+/// not: skbs whose `tcp_probe` run the kernel skipped unannounced. With
+/// none, the TCP layer's counts by the kernel's rules equal the kernel's;
+/// else they can only fall short.
+fn tcp_layer_missed(f: &Value) -> u64 {
+    u(&f["payload_bytes"]).saturating_sub(u(&f["tcp_layer"]["payload_bytes"]))
+}
+
+/// The kernel's count `kernel` against the tracer's `tracer`, by the same
+/// rule on the same skbs: equal, or (`missed` bytes short at the TCP
+/// layer) not above it.
+fn same_or_short(tracer: u64, kernel: u64, missed: u64) -> bool {
+    tracer == kernel || (missed > 0 && tracer < kernel)
+}
+
+/// |a - b| <= share * b.
 fn within(a: u64, b: u64, share: f64) -> bool {
     (a as f64 - b as f64).abs() <= share * b as f64
 }
@@ -182,13 +198,19 @@ fn off_mode_reports_no_reordering() {
                 "off, run {run}: above_hole {ah}, tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}; retransmissions {}, TCPBacklogDrop {}",
                 sockets["retransmits"], r["lab"]["receiver_counters"]["TcpExtTCPBacklogDrop"]
             );
-            assert!(within(ah, ooo, 0.02), "above_hole {ah}, rcv_ooopack {ooo}");
-            if tcp_layer_whole(f) {
-                assert!(
-                    within(tcp_ofo, ooo, 0.005),
-                    "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}"
-                );
-            }
+            // One queue per flow: XDP's order is TCP's, and what XDP saw
+            // above a hole TCP queued out of order, but for skbs the
+            // socket's full backlog dropped in between (counted).
+            let backlog_drops = u(&r["lab"]["receiver_counters"]["TcpExtTCPBacklogDrop"]);
+            assert!(
+                ah.abs_diff(ooo) <= backlog_drops,
+                "above_hole {ah}, rcv_ooopack {ooo}"
+            );
+            assert!(
+                same_or_short(tcp_ofo, ooo, tcp_layer_missed(f)),
+                "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}, {} bytes missed",
+                tcp_layer_missed(f)
+            );
             // Replayed, a trace without reordering fools no sender.
             for p in f["replay"]["policies"].as_array().unwrap() {
                 let why = || {
@@ -307,9 +329,11 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
             // `cargo xtask validate`).
             assert_eq!(f["verdict"], "nic-steering", "{what}: {}", f["evidence"]);
             // The kernel's own count, by its own rule, at the TCP layer.
-            if tcp_layer_whole(f) {
-                assert_eq!(tcp_ofo, ooo, "{what}: tcp-layer ofo vs rcv_ooopack");
-            }
+            let missed = tcp_layer_missed(f);
+            assert!(
+                same_or_short(tcp_ofo, ooo, missed),
+                "{what}: tcp-layer ofo {tcp_ofo} vs rcv_ooopack {ooo}, {missed} bytes missed"
+            );
         }
         // Late segments more than a timestamp tick old are discarded by
         // PAWS: the tracer applies the kernel's rule to each skb, the
@@ -319,17 +343,18 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
             .map(|(f, _, _)| u(&f["tcp_layer"]["paws_discarded"]))
             .sum();
         let kernel_paws = u(&r["lab"]["receiver_counters"]["TcpExtPAWSEstab"]);
-        // A tcp_probe run the kernel skipped (counted: probe_lost) can hide
-        // one discarded skb, never add one.
+        // A tcp_probe run the kernel skipped (counted: probe_lost, or the
+        // bytes the TCP layer missed) can hide one discarded skb, never add
+        // one.
         let missed = u(&r["kernel"]["probe_lost"]);
+        let missed_bytes: u64 = flows(&r).iter().map(|(f, _, _)| tcp_layer_missed(f)).sum();
         eprintln!("{what}: PAWS {paws} vs PAWSEstab {kernel_paws}; {missed} tcp_probe runs missed");
-        let whole = flows(&r).iter().all(|(f, _, _)| tcp_layer_whole(f));
         // (In a 6.12 guest under TCG, once 1,575 vs 1,599 with no run
         // missed: a shortfall not yet explained, allowed there up to 2%.)
         let hidden = paws <= kernel_paws && kernel_paws - paws <= missed;
         let tcg_shortfall = under_tcg() && within(paws, kernel_paws, 0.02);
         assert!(
-            paws == kernel_paws || hidden || tcg_shortfall || (!whole && paws <= kernel_paws),
+            same_or_short(paws, kernel_paws, missed_bytes) || hidden || tcg_shortfall,
             "{what}: PAWS {paws} vs PAWSEstab {kernel_paws}, {missed} tcp_probe runs missed"
         );
         assert_clean();
@@ -866,7 +891,10 @@ fn check_summary_atr(r: &Value, no_tcp_layer: bool) {
         );
         // What TCP queued out of order and what PAWS discarded always go
         // out: the kernel's own counts still agree (when no tcp_probe run
-        // was missed).
+        // was missed). Whether the kernel skipped a run unannounced, which
+        // full mode finds in the bytes, summary mode cannot tell (it
+        // counts summarized skbs, not their bytes): the tracer's counts
+        // can then only fall short.
         let paws: u64 = flows(r)
             .iter()
             .map(|(f, _, _)| u(&f["tcp_layer"]["paws_discarded"]))
@@ -876,17 +904,14 @@ fn check_summary_atr(r: &Value, no_tcp_layer: bool) {
             "summary, atr: tcp_probe {summarized} of {seen} summarized; PAWS {paws} vs PAWSEstab {kernel_paws}; missed {}",
             u(&k["probe_lost"])
         );
-        if u(&k["probe_lost"]) == 0 {
-            assert_eq!(paws, kernel_paws, "PAWS");
-            for (f, _, sockets) in flows(r) {
-                if tcp_layer_whole(f) {
-                    assert_eq!(
-                        u(&f["tcp_layer"]["ofo_segments"]),
-                        u(&sockets["rcv_ooopack"]),
-                        "tcp-layer ofo vs rcv_ooopack"
-                    );
-                }
-            }
+        assert!(paws <= kernel_paws, "PAWS {paws} vs {kernel_paws}");
+        for (f, _, sockets) in flows(r) {
+            let (ofo, ooo) = (
+                u(&f["tcp_layer"]["ofo_segments"]),
+                u(&sockets["rcv_ooopack"]),
+            );
+            eprintln!("summary, atr: tcp-layer ofo {ofo} vs rcv_ooopack {ooo}");
+            assert!(ofo <= ooo, "tcp-layer ofo {ofo} vs rcv_ooopack {ooo}");
         }
     }
     for (f, truth, sockets) in flows(r) {
