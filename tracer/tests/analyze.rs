@@ -3,17 +3,15 @@
 //! clear line.
 
 use std::{
-    io::{BufRead, BufReader, Read},
     process::{Command, Stdio},
-    sync::mpsc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use serde_json::Value;
 use tracer::lab::{self, Lab, LabSpec};
 
 mod common;
-use common::{root_or_skip, BIN};
+use common::{lines, root_or_skip, said, BIN};
 
 fn analyze(file: &std::path::Path) -> std::process::Output {
     Command::new(BIN)
@@ -21,31 +19,6 @@ fn analyze(file: &std::path::Path) -> std::process::Output {
         .arg(file)
         .output()
         .expect("run tracer analyze")
-}
-
-/// A child's output, line by line as it comes.
-fn lines(from: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(from).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    rx
-}
-
-/// Waits (20 s at most) for the line containing `what`; returns it.
-fn said(rx: &mpsc::Receiver<String>, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("never said {what}"));
-        if line.contains(what) {
-            return line;
-        }
-    }
 }
 
 fn u(v: &Value) -> u64 {

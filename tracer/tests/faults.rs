@@ -3,7 +3,7 @@
 //! middle of a run, a second tracer on the same interface.
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{BufReader, Read, Write},
     net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
@@ -20,7 +20,7 @@ use tracer::{
 use tracer_common::counter;
 
 mod common;
-use common::{root_or_skip, BIN};
+use common::{lines, root_or_skip, said, BIN};
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tracer-faults-{}-{name}", std::process::id()))
@@ -61,28 +61,8 @@ fn record_cmd(lab: &Lab, cmd: &str, args: &[&str]) -> (Child, mpsc::Receiver<Str
         .stderr(Stdio::piped())
         .spawn()
         .expect("run tracer record");
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = lines(child.stderr.take().unwrap());
     (child, rx)
-}
-
-/// Waits for the stderr line containing `what`; returns it.
-fn said(rx: &mpsc::Receiver<String>, what: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .unwrap_or_else(|_| panic!("never said {what}"));
-        if line.contains(what) {
-            return line;
-        }
-    }
 }
 
 fn signal(child: &Child, sig: i32) {
@@ -438,13 +418,7 @@ fn lab_running(extra: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run tracer lab");
-    let (tx, rx) = mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
+    let rx = lines(child.stderr.take().unwrap());
     traced_at_least(&metrics_addr(&rx), 10_000.0);
     child
 }
@@ -499,22 +473,7 @@ fn sigint_and_sigterm_mid_run_stop_cleanly() {
     for (cmd, sig) in [("record", libc::SIGTERM), ("live", libc::SIGINT)] {
         let file = temp(&format!("{cmd}.pcapng"));
         let mut lab = a_lab(ATR, 1, 1 << 30);
-        let (child, rx) = record_cmd(
-            &lab,
-            cmd,
-            &[
-                "--json",
-                "--quiet",
-                "--out",
-                file.to_str().unwrap(),
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ],
-        );
-        let addr = metrics_addr(&rx);
-        said(&rx, "tracing TCP received on");
-        lab.start_upload().unwrap();
-        traced_at_least(&addr, 10_000.0);
+        let (child, _rx) = traced_upload_into(&mut lab, cmd, &file);
         signal(&child, sig);
         let out = child.wait_with_output().unwrap();
         let pid = std::process::id();
@@ -534,6 +493,26 @@ fn sigint_and_sigterm_mid_run_stop_cleanly() {
     }
 }
 
+/// `tracer CMD --out FILE` on the lab's server, once it has traced 10,000
+/// segments of the lab's upload (started here); its stderr lines.
+fn traced_upload_into(lab: &mut Lab, cmd: &str, file: &Path) -> (Child, mpsc::Receiver<String>) {
+    let out = file.to_str().unwrap();
+    let args = [
+        "--json",
+        "--quiet",
+        "--out",
+        out,
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    let (child, rx) = record_cmd(lab, cmd, &args);
+    let addr = metrics_addr(&rx);
+    said(&rx, "tracing TCP received on");
+    lab.start_upload().unwrap();
+    traced_at_least(&addr, 10_000.0);
+    (child, rx)
+}
+
 /// The traced interface deleted mid-run, or its whole namespace: the
 /// tracer notices within a second, prints the report of what came before,
 /// says what happened in one line and exits 1; the trace reads whole.
@@ -545,21 +524,7 @@ fn the_interface_or_its_namespace_going_away_ends_the_run_with_its_report() {
     for how in ["link", "netns"] {
         let file = temp(&format!("gone-{how}.pcapng"));
         let mut lab = a_lab(ATR, 1, 1 << 30);
-        let (child, rx) = record(
-            &lab,
-            &[
-                "--json",
-                "--quiet",
-                "--out",
-                file.to_str().unwrap(),
-                "--metrics-addr",
-                "127.0.0.1:0",
-            ],
-        );
-        let addr = metrics_addr(&rx);
-        said(&rx, "tracing TCP received on");
-        lab.start_upload().unwrap();
-        traced_at_least(&addr, 10_000.0);
+        let (child, rx) = traced_upload_into(&mut lab, "record", &file);
         let ns = lab.topo.server_ns.clone();
         match how {
             "link" => lab::ip(&["-n", &ns, "link", "delete", lab::SERVER_IF]).map(drop),

@@ -5,7 +5,6 @@
 //! emitted or counted as summarized. With few flows the table keeps them
 //! all and in-order segments stay in the kernel.
 
-#[allow(dead_code)] // BIN: for the tests that run the binary
 mod common;
 #[path = "common/frames.rs"]
 mod frames;

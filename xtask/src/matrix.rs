@@ -293,8 +293,7 @@ fn plan(build: &Build, filters: &[String], repeat: u32) -> Result<guest::Plan> {
                 binary: binary.clone(),
                 name,
             };
-            let path = case.path();
-            if filters.is_empty() || filters.iter().any(|f| path.contains(f.as_str())) {
+            if case.chosen(filters) {
                 cases.push(case);
             }
         }

@@ -48,6 +48,12 @@ impl Case {
     pub fn path(&self) -> String {
         format!("{}::{}", self.binary.target, self.name)
     }
+
+    /// Whether its path contains one of `filters` (any, without filters).
+    pub fn chosen(&self, filters: &[String]) -> bool {
+        let path = self.path();
+        filters.is_empty() || filters.iter().any(|f| path.contains(f.as_str()))
+    }
 }
 
 /// How one test ended.
@@ -172,8 +178,7 @@ pub fn cases(binaries: &[Binary], filters: &[String]) -> Result<Vec<Case>> {
                 binary: b.clone(),
                 name,
             };
-            let path = case.path();
-            if filters.is_empty() || filters.iter().any(|f| path.contains(f.as_str())) {
+            if case.chosen(filters) {
                 cases.push(case);
             }
         }

@@ -29,12 +29,20 @@ struct Statistic {
     why: &'static str,
 }
 
-/// One lab configuration and the statistics read from each of its runs.
+/// One lab configuration (the ATR edge at `rate` re-points a second,
+/// `flows` flows, and `extra` flags) and the statistics read from each of
+/// its runs.
 struct Experiment {
     name: &'static str,
-    args: &'static [&'static str],
+    rate: &'static str,
+    flows: &'static str,
+    extra: &'static [&'static str],
     statistics: &'static [Statistic],
 }
+
+/// The real senders as the replay models them: one segment per skb (and
+/// a ring for the four flows' TCP layer).
+const SENDERS: &[&str] = &["--no-sender-gso", "--ring-mib", "64"];
 
 /// Runs until the edge has made this many late segments in every flow:
 /// every run has at least this sample.
@@ -211,36 +219,37 @@ const ABOVE_HOLE: Statistic = Statistic {
 const EXPERIMENTS: &[Experiment] = &[
     Experiment {
         name: "atr 20/s, 2 flows",
-        args: &["--mode", "atr", "--rate", "20", "--flows", "2"],
+        rate: "20",
+        flows: "2",
+        extra: &[],
         statistics: &[FOUND, STEERED, MIGRATIONS, ABOVE_HOLE],
     },
     Experiment {
         name: "atr 50/s, 2 flows",
-        args: &["--mode", "atr", "--rate", "50", "--flows", "2"],
+        rate: "50",
+        flows: "2",
+        extra: &[],
         statistics: &[FOUND, STEERED, MIGRATIONS, ABOVE_HOLE],
     },
     Experiment {
         name: "atr 200/s, 2 flows",
-        args: &["--mode", "atr", "--rate", "200", "--flows", "2"],
+        rate: "200",
+        flows: "2",
+        extra: &[],
         statistics: &[FOUND, STEERED, MIGRATIONS, ABOVE_HOLE],
     },
     Experiment {
         name: "atr 50/s, 2 flows, IPv6",
-        args: &["--mode", "atr", "--rate", "50", "--flows", "2", "--ipv6"],
+        rate: "50",
+        flows: "2",
+        extra: &["--ipv6"],
         statistics: &[FOUND_IPV6, STEERED_IPV6, MIGRATIONS, ABOVE_HOLE],
     },
     Experiment {
         name: "atr 50/s, 2 flows, --summary 16",
-        args: &[
-            "--mode",
-            "atr",
-            "--rate",
-            "50",
-            "--flows",
-            "2",
-            "--summary",
-            "16",
-        ],
+        rate: "50",
+        flows: "2",
+        extra: &["--summary", "16"],
         statistics: &[
             FOUND,
             Statistic {
@@ -265,58 +274,30 @@ const EXPERIMENTS: &[Experiment] = &[
     },
     Experiment {
         name: "rack-tlp senders at 20/s, 4 flows",
-        args: &[
-            "--mode",
-            "atr",
-            "--rate",
-            "20",
-            "--flows",
-            "4",
-            "--no-sender-gso",
-            "--ring-mib",
-            "64",
-        ],
+        rate: "20",
+        flows: "4",
+        extra: SENDERS,
         statistics: &[RACK, RACK_GOODPUT],
     },
     Experiment {
         name: "rack-tlp senders at 50/s, 4 flows",
-        args: &[
-            "--mode",
-            "atr",
-            "--rate",
-            "50",
-            "--flows",
-            "4",
-            "--no-sender-gso",
-            "--ring-mib",
-            "64",
-        ],
+        rate: "50",
+        flows: "4",
+        extra: SENDERS,
         statistics: &[RACK, RACK_GOODPUT],
     },
     Experiment {
         name: "rack-tlp senders at 200/s, 4 flows",
-        args: &[
-            "--mode",
-            "atr",
-            "--rate",
-            "200",
-            "--flows",
-            "4",
-            "--no-sender-gso",
-            "--ring-mib",
-            "64",
-        ],
+        rate: "200",
+        flows: "4",
+        extra: SENDERS,
         statistics: &[RACK, RACK_GOODPUT],
     },
     Experiment {
         name: "classic (NewReno) senders at 200/s, 4 flows",
-        args: &[
-            "--mode",
-            "atr",
-            "--rate",
-            "200",
-            "--flows",
-            "4",
+        rate: "200",
+        flows: "4",
+        extra: &[
             "--no-sender-gso",
             "--ring-mib",
             "64",
@@ -383,7 +364,7 @@ pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
     for e in chosen {
         let mut figures: Vec<Vec<f64>> = vec![Vec::new(); e.statistics.len()];
         for k in 1..=runs {
-            let report = lab_run(&bin, e.args)?;
+            let report = lab_run(&bin, e)?;
             let values: Vec<String> = e
                 .statistics
                 .iter()
@@ -453,21 +434,20 @@ pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
     })
 }
 
-/// `tracer lab --json --quiet ARGS` until the edge has made enough late
-/// segments; the report (exit 3, events lost, still has one).
-fn lab_run(bin: &std::path::Path, args: &[&str]) -> Result<Value> {
+/// One run of experiment `e`, `tracer lab --json --quiet` until the edge
+/// has made enough late segments; the report (exit 3, events lost, still
+/// has one).
+fn lab_run(bin: &std::path::Path, e: &Experiment) -> Result<Value> {
+    let args = [
+        &["--mode", "atr", "--rate", e.rate, "--flows", e.flows][..],
+        e.extra,
+    ]
+    .concat();
     let out = Command::new(bin)
-        .args([
-            "lab",
-            "--json",
-            "--quiet",
-            "--bytes",
-            "2G",
-            "--duration",
-            "60",
-        ])
+        .args(["lab", "--json", "--quiet", "--bytes", "2G"])
+        .args(["--duration", "60"])
         .args(UNTIL)
-        .args(args)
+        .args(&args)
         .output()
         .context("running tracer lab")?;
     let report: Value = serde_json::from_slice(&out.stdout).with_context(|| {
