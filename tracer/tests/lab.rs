@@ -171,9 +171,15 @@ fn same_or_short(tracer: u64, kernel: u64, missed: u64) -> bool {
     tracer == kernel || (missed > 0 && tracer < kernel)
 }
 
-/// |a - b| <= share * b.
-fn within(a: u64, b: u64, share: f64) -> bool {
-    (a as f64 - b as f64).abs() <= share * b as f64
+/// The tracer's TCP-layer out-of-order count against `rcv_ooopack` for a
+/// flow: the same, short by what the TCP layer missed, or over by skbs TCP
+/// then dropped instead of queueing them (`TCPOFODrop`: receive memory
+/// full; counted for the receiver's namespace).
+fn ofo_agrees(f: &Value, ooo: u64, receiver: &Value) -> bool {
+    let tcp_ofo = u(&f["tcp_layer"]["ofo_segments"]);
+    let ofo_drops = u(&receiver["TcpExtTCPOFODrop"]);
+    same_or_short(tcp_ofo, ooo, tcp_layer_missed(f))
+        || (tcp_ofo > ooo && tcp_ofo - ooo <= ofo_drops)
 }
 
 #[test]
@@ -198,17 +204,16 @@ fn off_mode_reports_no_reordering() {
                 "off, run {run}: above_hole {ah}, tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}; retransmissions {}, TCPBacklogDrop {}",
                 sockets["retransmits"], r["lab"]["receiver_counters"]["TcpExtTCPBacklogDrop"]
             );
-            // One queue per flow: XDP's order is TCP's, and what XDP saw
-            // above a hole TCP queued out of order, but for skbs the
-            // socket's full backlog dropped in between (counted).
-            let backlog_drops = u(&r["lab"]["receiver_counters"]["TcpExtTCPBacklogDrop"]);
+            // The TCP layer by the kernel's rule (one queue per flow: the
+            // same order as XDP's). (XDP's `above_hole` is not held to the
+            // kernel's count here: TCP drops segments XDP saw, some without
+            // a counter, when the receive window or memory runs short, and
+            // then queues out of order what XDP took in order: 956 vs 981
+            // once with `PruneCalled` rising and no drop counted.)
+            let receiver = &r["lab"]["receiver_counters"];
             assert!(
-                ah.abs_diff(ooo) <= backlog_drops,
-                "above_hole {ah}, rcv_ooopack {ooo}"
-            );
-            assert!(
-                same_or_short(tcp_ofo, ooo, tcp_layer_missed(f)),
-                "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}, {} bytes missed",
+                ofo_agrees(f, ooo, receiver),
+                "tcp-layer ofo {tcp_ofo}, rcv_ooopack {ooo}, {} bytes missed; {receiver}",
                 tcp_layer_missed(f)
             );
             // Replayed, a trace without reordering fools no sender.
@@ -329,10 +334,11 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
             // `cargo xtask validate`).
             assert_eq!(f["verdict"], "nic-steering", "{what}: {}", f["evidence"]);
             // The kernel's own count, by its own rule, at the TCP layer.
-            let missed = tcp_layer_missed(f);
+            let receiver = &r["lab"]["receiver_counters"];
             assert!(
-                same_or_short(tcp_ofo, ooo, missed),
-                "{what}: tcp-layer ofo {tcp_ofo} vs rcv_ooopack {ooo}, {missed} bytes missed"
+                ofo_agrees(f, ooo, receiver),
+                "{what}: tcp-layer ofo {tcp_ofo} vs rcv_ooopack {ooo}, {} bytes missed; {receiver}",
+                tcp_layer_missed(f)
             );
         }
         // Late segments more than a timestamp tick old are discarded by
@@ -349,13 +355,10 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
         let missed = u(&r["kernel"]["probe_lost"]);
         let missed_bytes: u64 = flows(&r).iter().map(|(f, _, _)| tcp_layer_missed(f)).sum();
         eprintln!("{what}: PAWS {paws} vs PAWSEstab {kernel_paws}; {missed} tcp_probe runs missed");
-        // (In a 6.12 guest under TCG, once 1,575 vs 1,599 with no run
-        // missed: a shortfall not yet explained, allowed there up to 2%.)
         let hidden = paws <= kernel_paws && kernel_paws - paws <= missed;
-        let tcg_shortfall = under_tcg() && within(paws, kernel_paws, 0.02);
         assert!(
-            same_or_short(paws, kernel_paws, missed_bytes) || hidden || tcg_shortfall,
-            "{what}: PAWS {paws} vs PAWSEstab {kernel_paws}, {missed} tcp_probe runs missed"
+            same_or_short(paws, kernel_paws, missed_bytes) || hidden,
+            "{what}: PAWS {paws} vs PAWSEstab {kernel_paws}, {missed} tcp_probe runs missed, {missed_bytes} bytes"
         );
         assert_clean();
     }
@@ -453,6 +456,10 @@ fn segment_by_segment(obs: &Path, truth: &Path) -> Account {
     // or timestamps (the sender numbers packets in sending order) show.
     let mut retransmission_first = std::collections::HashMap::new();
     let mut original_behind = 0;
+    // Per flow, the retransmissions that arrived: (start, end, IP ID,
+    // timestamps). The sender may resend two segments as one, so a late
+    // original can arrive as a duplicate of one that started lower.
+    let mut retransmissions = std::collections::HashMap::<_, Vec<_>>::new();
     // Per flow, the highest sequence end that had arrived.
     let mut highest_end = std::collections::HashMap::<_, u32>::new();
     let mut engine = Engine::new(EngineConfig::default());
@@ -474,10 +481,22 @@ fn segment_by_segment(obs: &Path, truth: &Path) -> Account {
         if c.class == Class::Reordered && !behind_later {
             account.reordered_not_behind += 1;
         }
+        if c.class == Class::Retransmission {
+            let copy = (s.seq, end, s.ip_id, s.timestamp);
+            retransmissions.entry(s.flow).or_default().push(copy);
+        }
         let key = (s.flow.src.port(), s.seq);
         if !late.contains(&key) {
             continue;
         }
+        // Sent before a copy with this IP ID and these timestamps: an older
+        // IP ID, or an older TSval.
+        let sent_before =
+            |id: Option<u16>, ts: Option<(u32, u32)>| match (id, s.ip_id, ts, s.timestamp) {
+                (Some(first), Some(own), _, _) => (first.wrapping_sub(own) as i16) > 0,
+                (_, _, Some((first, _)), Some((own, _))) => (first.wrapping_sub(own) as i32) > 0,
+                _ => false,
+            };
         // The first arrival of each late segment.
         if seen.insert(key) {
             if c.class == Class::InOrder && behind_later {
@@ -492,20 +511,27 @@ fn segment_by_segment(obs: &Path, truth: &Path) -> Account {
                     account.ambiguous_same_timestamps += 1;
                 }
             }
+            // A duplicate of a retransmission, sent after it, that covered
+            // its bytes: behind its own retransmission too.
+            let covered =
+                |&&(start, end, id, ts): &&(u32, u32, Option<u16>, Option<(u32, u32)>)| {
+                    (s.seq.wrapping_sub(start) as i32) >= 0
+                        && (end.wrapping_sub(s.seq.wrapping_add(s.payload_len)) as i32) >= 0
+                        && sent_before(id, ts)
+                };
+            let behind_resent = c.class == Class::Duplicate
+                && retransmissions
+                    .get(&s.flow)
+                    .is_some_and(|r| r.iter().any(|copy| covered(&copy)));
             if c.class == Class::Retransmission {
                 retransmission_first.insert(key, (s.ip_id, s.timestamp));
+            } else if behind_resent {
+                original_behind += 1;
             } else {
                 *account.classes.entry(format!("{:?}", c.class)).or_default() += 1;
             }
         } else if let Some(&(first_id, first_ts)) = retransmission_first.get(&key) {
-            // Sent before the retransmission that arrived first: an older
-            // IP ID, or an older TSval.
-            let sent_before = match (first_id, s.ip_id, first_ts, s.timestamp) {
-                (Some(first), Some(id), _, _) => (first.wrapping_sub(id) as i16) > 0,
-                (_, _, Some((first, _)), Some((own, _))) => (first.wrapping_sub(own) as i32) > 0,
-                _ => false,
-            };
-            if c.class == Class::Duplicate && sent_before {
+            if c.class == Class::Duplicate && sent_before(first_id, first_ts) {
                 retransmission_first.remove(&key);
                 original_behind += 1;
             }
@@ -755,13 +781,15 @@ fn the_replay_reads_the_real_senders_and_each_sender_keeps_its_settings() {
         let assumptions = &f["replay"]["assumptions"];
         assert_eq!(assumptions["ack_delay_from"], "sender");
         assert_eq!(assumptions["send_times_from"], "sender");
-        // The ACK-level replay needs the whole TCP-layer view; the kernel
-        // sometimes skips tcp_probe programs unannounced (issue 2), and
-        // then the replay falls back to the wire model.
+        // The ACK-level replay needs the whole TCP-layer view (the kernel
+        // sometimes skips tcp_probe programs unannounced, issue 2) with
+        // each late arrival matched to the wire's copy; else the replay
+        // falls back to the wire model.
+        let matched = assumptions["late_copies_lost"] == 0;
         assert_eq!(
             assumptions["ack_level"],
-            tcp_layer_whole(f),
-            "the replay uses the TCP layer exactly when it is whole"
+            tcp_layer_whole(f) && matched,
+            "the replay uses the TCP layer exactly when it is whole: {assumptions}"
         );
         let names: Vec<&Value> = f["replay"]["policies"]
             .as_array()
@@ -905,13 +933,19 @@ fn check_summary_atr(r: &Value, no_tcp_layer: bool) {
             u(&k["probe_lost"])
         );
         assert!(paws <= kernel_paws, "PAWS {paws} vs {kernel_paws}");
+        let receiver = &r["lab"]["receiver_counters"];
+        let ofo_drops = u(&receiver["TcpExtTCPOFODrop"]);
         for (f, _, sockets) in flows(r) {
             let (ofo, ooo) = (
                 u(&f["tcp_layer"]["ofo_segments"]),
                 u(&sockets["rcv_ooopack"]),
             );
             eprintln!("summary, atr: tcp-layer ofo {ofo} vs rcv_ooopack {ooo}");
-            assert!(ofo <= ooo, "tcp-layer ofo {ofo} vs rcv_ooopack {ooo}");
+            // (Over only by skbs TCP dropped instead of queueing, counted.)
+            assert!(
+                ofo <= ooo + ofo_drops,
+                "tcp-layer ofo {ofo} vs rcv_ooopack {ooo}; {receiver}"
+            );
         }
     }
     for (f, truth, sockets) in flows(r) {

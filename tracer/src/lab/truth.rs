@@ -207,6 +207,14 @@ pub const RECEIVER_COUNTERS: &[&str] = &[
     "DelayedACKLost",
     // Segments the socket's full backlog dropped: past XDP, never at TCP.
     "TCPBacklogDrop",
+    // Segments TCP dropped for want of receive memory or window, and
+    // queues it pruned: seen at XDP, gone at TCP, so that later segments
+    // are queued out of order there and not at XDP.
+    "TCPRcvQDrop",
+    "TCPZeroWindowDrop",
+    "PruneCalled",
+    "RcvPruned",
+    "OfoPruned",
 ];
 /// Sender counters: reordering its loss detection noticed, and spurious
 /// retransmissions the receiver reported.

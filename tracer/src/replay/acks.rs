@@ -1139,6 +1139,7 @@ mod tests {
             duration_s: 0.05,
             tcp_layer_whole: true,
             ack_level: true,
+            late_copies_lost: 0,
         }
     }
 

@@ -114,6 +114,10 @@ pub struct AckLog {
     /// before TCP takes the first of it), in wire order: which TCP-layer
     /// arrival is which copy.
     pub late_copies: std::collections::VecDeque<WireCopy>,
+    /// Late copies pushed out (over [`MAX_LATE_COPIES`]) before a
+    /// TCP-layer arrival took them: which arrivals were retransmissions is
+    /// then not known for all, and the replay is not done ACK by ACK.
+    pub late_copies_lost: u64,
     /// When the sender's socket took each ACK, when that socket is this
     /// host's (the lab's senders): (cumulative ACK, ns from the flow's
     /// first data segment), in its order.
@@ -136,8 +140,12 @@ pub struct WireCopy {
     pub resent: bool,
 }
 
-/// Late wire copies kept for the TCP layer to match.
-const MAX_LATE_COPIES: usize = 256;
+/// Late wire copies kept for the TCP layer to match: it lags XDP by the
+/// skbs waiting in the socket's backlog, which a loaded host lets grow to
+/// its limit (the receive and send buffers: some 10 MB by default, about
+/// 4,500 skbs). A flow with 2,510 retransmissions outran 256 once: 96 real
+/// retransmissions then looked like originals to the replay.
+const MAX_LATE_COPIES: usize = 8192;
 
 /// A hole that a retransmission filled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -264,6 +272,7 @@ impl FlowLog {
         if let Some(a) = &mut self.acks {
             if a.late_copies.len() == MAX_LATE_COPIES {
                 a.late_copies.pop_front();
+                a.late_copies_lost += 1;
             }
             a.late_copies.push_back(WireCopy { start, end, resent });
         }
@@ -465,9 +474,13 @@ pub struct Assumptions {
     /// the wire saw (this kernel sometimes skips tcp_probe unannounced).
     pub tcp_layer_whole: bool,
     /// RACK-TLP and classic replayed ACK by ACK from that TCP layer (it is
-    /// whole, and the sender's timestamps give transmit times), else from
-    /// the wire's late originals.
+    /// whole, each of its late arrivals was matched with the wire's copy,
+    /// and the sender's timestamps give transmit times), else from the
+    /// wire's late originals.
     pub ack_level: bool,
+    /// Late wire copies the TCP layer had not taken when more came
+    /// ([`AckLog::late_copies_lost`]).
+    pub late_copies_lost: u64,
 }
 
 /// RTT when neither the trace nor the user gives one.
@@ -537,6 +550,7 @@ impl ReplayConfig {
             duration_s,
             tcp_layer_whole: false,
             ack_level: false,
+            late_copies_lost: log.acks.as_deref().map_or(0, |l| l.late_copies_lost),
         }
     }
 }
@@ -581,7 +595,8 @@ pub fn replay(log: &FlowLog, trace: TraceRtt, cfg: &ReplayConfig, tcp_layer_whol
     let mut a = cfg.assumptions(log, trace);
     let acks = log.acks.as_deref().filter(|l| !l.tcp.is_empty());
     a.tcp_layer_whole = tcp_layer_whole && acks.is_some();
-    a.ack_level = a.tcp_layer_whole && acks.is_some_and(|l| l.ticks.len() >= 2);
+    a.ack_level =
+        a.tcp_layer_whole && a.late_copies_lost == 0 && acks.is_some_and(|l| l.ticks.len() >= 2);
     let policies: Vec<PolicyOutcome> = default_policies(cfg)
         .iter()
         .map(|p| p.run(log, &a))
@@ -694,6 +709,52 @@ mod tests {
         assert_eq!(prefixes(&[rtx], &[(2000, 5000)]), [3000]);
         // A copy that starts inside the arrival is no prefix.
         assert_eq!(prefixes(&[(2500, 3000, true)], &[(2000, 3000)]), [2000]);
+    }
+
+    /// More retransmissions through XDP than the copies kept, before TCP
+    /// takes the first (a loaded host's backlog): the oldest lose their
+    /// mark, which is counted, and the replay is then not ACK by ACK.
+    #[test]
+    fn late_copies_pushed_out_unmatched_are_counted_and_end_the_ack_level() {
+        let n = MAX_LATE_COPIES as u64 + 10;
+        let copies: Vec<(u64, u64, bool)> = (0..n)
+            .map(|i| (2000 + 1000 * i, 3000 + 1000 * i, true))
+            .collect();
+        let arrivals: Vec<(u64, u64)> = copies.iter().map(|&(s, e, _)| (s, e)).collect();
+        let marked = prefixes(&copies, &arrivals);
+        // The first ten lost their mark; the rest are retransmissions.
+        assert!(marked[..10]
+            .iter()
+            .zip(&arrivals)
+            .all(|(&m, &(s, _))| m == s));
+        assert!(marked[10..]
+            .iter()
+            .zip(&arrivals[10..])
+            .all(|(&m, &(_, e))| m == e));
+        let mut log = FlowLog::default();
+        log.arrival(1_000, 1000);
+        log.tcp_arrival(TcpArrival {
+            t_ns: 2_000,
+            start: 0,
+            end: 1000,
+            retransmitted_until: 0,
+            ..Default::default()
+        });
+        for &(start, end, resent) in &copies {
+            log.wire_copy(start, end, resent);
+        }
+        for (seq, tsval) in [(0, 1), (1000, 2)] {
+            log.tick(seq, tsval, 1_000 + seq);
+        }
+        assert_eq!(log.acks.as_deref().unwrap().late_copies_lost, 10);
+        let r = replay(
+            &log,
+            TraceRtt::Observed(None),
+            &ReplayConfig::default(),
+            true,
+        );
+        let a = r.assumptions.unwrap();
+        assert_eq!((a.late_copies_lost, a.ack_level), (10, false));
     }
 
     #[test]
