@@ -52,9 +52,17 @@ pub fn traced_lab(
     opts.netns = Some(ns.clone());
     opts.xdp_mode = mode;
     opts.filter = tracer::Filter::parse(filter)?;
+    opts.ring_bytes = RING_BYTES;
     let tracer = Tracer::attach(&opts)?;
     Ok((lab, tracer))
 }
+
+/// The ring of the tests' tracers: half of it (where the overload guard
+/// starts summarizing) holds every event of the largest upload they trace,
+/// 4 x 64 MiB (185,000 segments, an XDP and a tcp_probe event each, under
+/// 256 bytes apiece), so however slowly the collector reads, full mode
+/// stays full mode and nothing is dropped.
+pub const RING_BYTES: u32 = 256 << 20;
 
 /// What a traced upload gives: the tracer's outcome, every observation, the
 /// sockets' own counts and the engine fed with the observations.
@@ -230,6 +238,17 @@ pub fn veth_drops(topo: &Topology) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`RING_BYTES`]' claim: its half holds an XDP and a tcp_probe
+    /// record (8-byte header each) for every segment of 4 x 64 MiB.
+    #[test]
+    fn half_the_ring_holds_the_largest_upload() {
+        use tracer_common::{ProbeEvent, SegmentEvent};
+        let records = [size_of::<SegmentEvent>(), size_of::<ProbeEvent>()].map(|n| n + 8);
+        assert!(records.iter().all(|&n| n <= 256), "{records:?}");
+        let segments = 4 * ((64 << 20) / 1448 + 1);
+        assert!(segments * 2 * 256 <= RING_BYTES as usize / 2);
+    }
 
     #[test]
     fn coverage_finds_gaps_and_duplicates() {

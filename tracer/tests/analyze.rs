@@ -119,9 +119,11 @@ fn a_tcpdump_capture_gives_what_the_live_trace_gave() {
         .expect("tcpdump (apt package tcpdump: cargo xtask setup installs it)");
     let tcpdump_said = lines(tcpdump.stderr.take().unwrap());
     said(&tcpdump_said, "listening on");
+    // (A ring whose half holds every event of the 2 x 16 MiB: full mode
+    // stays full mode however slowly the collector reads.)
     let mut record = Command::new(BIN)
         .args(["record", "--json", "--quiet", "--iface", lab::SERVER_IF])
-        .args(["--netns", &ns])
+        .args(["--netns", &ns, "--ring-mib", "64"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

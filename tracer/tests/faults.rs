@@ -346,7 +346,9 @@ fn a_second_tracer_on_the_same_interface_says_so_and_leaves_the_first_alone() {
         return;
     }
     let mut lab = a_lab(lab::Mode::Off, 1, 64 << 20);
-    let (first, rx) = record(&lab, &["--json", "--quiet"]);
+    // (A ring whose half holds every event of the 64 MiB: every segment is
+    // emitted however slowly the collector reads.)
+    let (first, rx) = record(&lab, &["--json", "--quiet", "--ring-mib", "64"]);
     said(&rx, "tracing TCP received on");
     let (second, rx2) = record(&lab, &["--json", "--quiet"]);
     let out = second.wait_with_output().unwrap();
