@@ -11,41 +11,15 @@
 //! not fit in them). Segments are generated in chunks ahead of the timed
 //! passes, so the passes time processing only.
 
-use std::{
-    alloc::{GlobalAlloc, Layout, System},
-    hint::black_box,
-    sync::atomic::{AtomicUsize, Ordering},
-    time::Instant,
-};
+use std::{hint::black_box, time::Instant};
 
 use tracer::{
     engine::{Engine, EngineConfig},
     source::{Flow, Segment},
 };
 
-/// Counts live heap bytes, for memory per flow.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        LIVE.fetch_add(l.size(), Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        LIVE.fetch_add(new, Ordering::Relaxed);
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+#[path = "../tests/common/heap.rs"]
+mod heap;
 
 const SEGMENTS: u64 = 10_000_000;
 const FLOWS: u32 = 20_000;
@@ -184,7 +158,7 @@ fn main() {
         s.fill(&mut chunk);
         chunk.swap_remove(0)
     };
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = heap::heap();
     let mut mem = Engine::new(EngineConfig {
         max_flows: 100_000,
         ..Default::default()
@@ -198,7 +172,7 @@ fn main() {
             mem.segment(&seg);
         }
     }
-    let per_flow = (LIVE.load(Ordering::Relaxed) - before) as f64 / 100_000.0;
+    let per_flow = (heap::heap() - before) as f64 / 100_000.0;
     black_box(&mem);
 
     let rate = |busy: f64| SEGMENTS as f64 / busy;

@@ -113,6 +113,13 @@ struct ReportArgs {
     /// Flow directions tracked at once (least recently seen evicted).
     #[arg(long, default_value_t = 65_536)]
     max_flows: usize,
+    /// The collector's memory budget, MiB. What it keeps of the flows
+    /// stays within what the process's baseline (and the ring buffer)
+    /// leaves: past it, first the ACK-level replay logs of the flows with
+    /// least to replay are given up (replayed from the wire), then the
+    /// least recently seen flows (counts kept in the totals); both counted.
+    #[arg(long, value_name = "MIB", default_value_t = 512)]
+    memory_mib: u64,
     /// RFC 5236 displacement threshold DT (reorder density RD), segments.
     #[arg(long, default_value_t = 64)]
     dt: u32,
@@ -156,7 +163,32 @@ struct ReportArgs {
 }
 
 impl ReportArgs {
+    /// The engine's share of `--memory-mib`: what this process holds
+    /// already (once attached: with the ring buffer, mapped resident) comes
+    /// first, and an eighth stays free for the allocator and the outputs.
+    fn fit_memory(&self, engine: &mut Engine) -> Result<(), SetupError> {
+        let budget = self.memory_mib << 20;
+        let taken = record::resident().0;
+        let share = (budget - budget / 8).saturating_sub(taken);
+        if share < budget / 4 {
+            let need = (taken * 2).div_ceil(1 << 20);
+            return Err(SetupError::BadArgument(format!(
+                "--memory-mib {}: the process holds {} MiB already (the ring buffer's mapping among it), which leaves the flows too little: give at least {need}",
+                self.memory_mib,
+                taken >> 20
+            )));
+        }
+        engine.set_memory_budget(share);
+        Ok(())
+    }
+
     fn engine(&self) -> Result<Engine, SetupError> {
+        if !(64..=1 << 20).contains(&self.memory_mib) {
+            return Err(SetupError::BadArgument(format!(
+                "--memory-mib {}: give 64 to 1048576",
+                self.memory_mib
+            )));
+        }
         if !(1..=10_000_000).contains(&self.max_flows) {
             return Err(SetupError::BadArgument(format!(
                 "--max-flows {}: give 1 to 10000000",
@@ -555,6 +587,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         ..opts
     };
     let mut tracer = Tracer::attach(&opts)?;
+    args.trace.report.fit_memory(&mut engine)?;
     out.file.begin(&tracer, &args.trace)?;
     eprintln!(
         "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
@@ -769,6 +802,7 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     use tracer::{kernel::Counters, source::capture};
     use tracer_common::counter;
     let mut engine = args.report.engine()?;
+    args.report.fit_memory(&mut engine)?;
     let filter = Filter::parse(args.flow.as_deref().unwrap_or(""))
         .map_err(|e| SetupError::BadArgument(e.to_string().replacen("--filter", "--flow", 1)))?;
     let path = args.file.display().to_string();
@@ -974,6 +1008,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         snaplen: out.file.snaplen(&args.trace),
     };
     let mut tracer = Tracer::attach(&opts)?;
+    args.trace.report.fit_memory(&mut engine)?;
     out.file.begin(&tracer, &args.trace)?;
     eprintln!(
         "lab: {} x {}{:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",

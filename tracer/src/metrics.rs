@@ -115,6 +115,10 @@ struct Values {
     evicted_flows: Counter,
     overload_switches: Counter,
     resident_bytes: Gauge,
+    held_bytes: Gauge,
+    memory_budget_bytes: Gauge,
+    ack_logs_shed: Counter,
+    evicted_for_memory: Counter,
     late_time: Buckets,
     extent: Buckets,
 }
@@ -208,6 +212,10 @@ impl Metrics {
             counters.get(counter::OVERLOAD_ENTERED),
         );
         v.resident_bytes.set(resident_bytes as i64);
+        v.held_bytes.set(s.memory.held_bytes as i64);
+        v.memory_budget_bytes.set(s.memory.budget_bytes as i64);
+        raise(&v.ack_logs_shed, s.memory.ack_logs_shed);
+        raise(&v.evicted_for_memory, s.memory.evicted_for_memory);
         v.late_time.set(&r.late_time_us, 1e-6);
         v.extent.set(&r.extent, 1.0);
     }
@@ -288,6 +296,28 @@ fn register(r: &mut Registry, v: &Values) {
         "The collector's resident memory",
         prometheus_client::registry::Unit::Bytes,
         v.resident_bytes.clone(),
+    );
+    r.register_with_unit(
+        "flows_held",
+        "What the engine holds for the flows (estimated from their structures), kept within the memory budget",
+        prometheus_client::registry::Unit::Bytes,
+        v.held_bytes.clone(),
+    );
+    r.register_with_unit(
+        "flows_budget",
+        "What the memory budget leaves the flows (--memory-mib less the process's baseline and ring)",
+        prometheus_client::registry::Unit::Bytes,
+        v.memory_budget_bytes.clone(),
+    );
+    r.register(
+        "ack_logs_shed",
+        "Flows whose ACK-level replay log was given up to stay within the memory budget (replayed from the wire)",
+        v.ack_logs_shed.clone(),
+    );
+    r.register(
+        "flows_evicted_for_memory",
+        "Flows evicted to stay within the memory budget (counted in the totals; also in evicted_flows)",
+        v.evicted_for_memory.clone(),
     );
     r.register_with_unit(
         "late_time",

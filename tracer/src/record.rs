@@ -98,6 +98,7 @@ pub fn run(
     mut opts: RecordOptions,
 ) -> Result<Outcome> {
     let signals = StopSignals::install()?;
+    let _urgent = Urgent::raise();
     let start = Instant::now();
     let deadline = opts.duration.map(|d| start + d);
     let mut last_tick = start;
@@ -199,6 +200,51 @@ pub(crate) fn wait_readable(tracer: &mut Tracer, timeout: Duration) -> Result<()
         }
     }
     Ok(())
+}
+
+/// The collecting thread's nice value while it collects. A busy host's
+/// threads (the very uploads it watches, or a build) otherwise keep it
+/// from the ring until the kernel must summarize, or drop: with two CPU
+/// hogs beside a 64-flow upload the ring lost 353,587 events even while
+/// summarized, none at nice -10. It does the same work either way; it gets
+/// the CPU sooner.
+const COLLECTOR_NICE: i32 = -10;
+
+/// Raises this thread's priority to [`COLLECTOR_NICE`]; the previous one
+/// comes back on drop. (Needs CAP_SYS_NICE, as tracing needs root; without
+/// it the thread keeps its priority.)
+struct Urgent {
+    previous: Option<i32>,
+}
+
+impl Urgent {
+    fn raise() -> Self {
+        // SAFETY: plain syscalls on this thread (Linux's nice is per
+        // thread: `who` is the thread id).
+        unsafe {
+            let tid = libc::gettid() as libc::id_t;
+            *libc::__errno_location() = 0;
+            let previous = libc::getpriority(libc::PRIO_PROCESS, tid);
+            if *libc::__errno_location() != 0
+                || previous <= COLLECTOR_NICE
+                || libc::setpriority(libc::PRIO_PROCESS, tid, COLLECTOR_NICE) != 0
+            {
+                return Self { previous: None };
+            }
+            Self {
+                previous: Some(previous),
+            }
+        }
+    }
+}
+
+impl Drop for Urgent {
+    fn drop(&mut self) {
+        if let Some(nice) = self.previous {
+            // SAFETY: as in `raise`.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+        }
+    }
 }
 
 /// The last SIGINT/SIGTERM seen while a [`StopSignals`] guard is installed.

@@ -37,7 +37,7 @@ pub fn progress_line(
     let dropped = counters.dropped();
     let overloaded = counters.get(counter::OVERLOAD_ENTERED) > counters.get(counter::OVERLOAD_LEFT);
     format!(
-        "[{:>5.1}s] {:>9} seg/s {:>9.1} Mbit/s  tcp_probe {:>9}/s  flows {:>5}  reordered {:>8}  rss {:>4} MB  dropped {}{}{}",
+        "[{:>5.1}s] {:>9} seg/s {:>9.1} Mbit/s  tcp_probe {:>9}/s  flows {:>5}  reordered {:>8}  rss {:>4} MB (flows {}/{})  dropped {}{}{}{}",
         elapsed.as_secs_f64(),
         si(seg_rate),
         mbit,
@@ -45,8 +45,14 @@ pub fn progress_line(
         now.flows,
         now.reordered,
         resident_bytes >> 20,
+        now.memory.held_bytes >> 20,
+        now.memory.budget_bytes >> 20,
         dropped,
         if overloaded { "  OVERLOAD: summarizing" } else { "" },
+        match (now.memory.ack_logs_shed, now.memory.evicted_for_memory) {
+            (0, 0) => String::new(),
+            (logs, flows) => format!("  MEMORY: {logs} replay logs, {flows} flows given up"),
+        },
         if dropped > 0 { "  <-- EVENTS LOST" } else { "" }
     )
 }
@@ -177,8 +183,21 @@ pub fn text(
             let _ = writeln!(out, "  missing    {m}");
         }
     }
-    if let Some(peak) = s.peak_resident_bytes {
-        let _ = writeln!(out, "  memory     {} MB peak resident", peak >> 20);
+    let m = &s.memory;
+    let _ = writeln!(
+        out,
+        "  memory     {}the flows held {} MB at most, of the {} MB the budget left them (--memory-mib)",
+        s.peak_resident_bytes
+            .map_or(String::new(), |peak| format!("{} MB peak resident; ", peak >> 20)),
+        m.peak_held_bytes >> 20,
+        m.budget_bytes >> 20
+    );
+    if m.ack_logs_shed + m.evicted_for_memory > 0 {
+        let _ = writeln!(
+            out,
+            "  MEMORY     to stay within the budget: {} flows' ACK-level replay logs given up (those flows were replayed from the wire), {} flows evicted (their counts are in the totals, their replays are not)",
+            m.ack_logs_shed, m.evicted_for_memory
+        );
     }
     let shown: Vec<_> = s
         .flows
@@ -424,10 +443,11 @@ fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
             from(a.bottleneck_from),
             a.mss_bytes,
             a.duration_s,
-            match (a.ack_level, a.send_times_from) {
-                (true, Source::Sender) => "ACK by ACK over the receiver's TCP layer, sent when the sender's socket says",
-                (true, _) => "ACK by ACK over the receiver's TCP layer, sent when the timestamps say",
-                (false, _) => "from the wire's late originals",
+            match (a.ack_level, a.send_times_from, a.ack_log_shed) {
+                (true, Source::Sender, _) => "ACK by ACK over the receiver's TCP layer, sent when the sender's socket says",
+                (true, _, _) => "ACK by ACK over the receiver's TCP layer, sent when the timestamps say",
+                (false, _, true) => "from the wire's late originals (the ACK-level log was given up to stay within --memory-mib)",
+                (false, _, false) => "from the wire's late originals",
             }
         );
     }
@@ -649,6 +669,33 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("dropped    0 events"), "{text}");
+        assert!(
+            text.contains("memory     the flows held 0 MB at most, of the 512 MB"),
+            "{text}"
+        );
+        assert!(!text.contains("MEMORY"), "{text}");
+    }
+
+    #[test]
+    fn text_report_says_what_the_memory_budget_took() {
+        let mut s = engine_with(&[(0, 0), (1, 0)]).snapshot();
+        s.memory.ack_logs_shed = 7;
+        s.memory.evicted_for_memory = 2;
+        let text = text(
+            &s.with_resident(300 << 20),
+            &Counters::default(),
+            Duration::from_secs(1),
+            "hdr",
+            TextOptions::default(),
+        );
+        assert!(
+            text.contains("memory     300 MB peak resident; the flows held"),
+            "{text}"
+        );
+        assert!(
+            text.contains("MEMORY     to stay within the budget: 7 flows' ACK-level replay logs given up (those flows were replayed from the wire), 2 flows evicted"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -660,6 +707,11 @@ mod tests {
             probes: 2,
             reordered: 1,
             flows: 2,
+            memory: crate::snapshot::Memory {
+                budget_bytes: 400 << 20,
+                held_bytes: 3 << 20,
+                ..Default::default()
+            },
         };
         let mut c = Counters::default();
         let line = progress_line(
@@ -673,11 +725,29 @@ mod tests {
         );
         assert!(line.contains("5 seg/s"), "{line}");
         assert!(line.contains("flows     2"), "{line}");
-        assert!(line.contains("rss   48 MB"), "{line}");
+        assert!(line.contains("rss   48 MB (flows 3/400)"), "{line}");
         assert!(
-            !line.contains("LOST") && !line.contains("OVERLOAD"),
+            !line.contains("LOST") && !line.contains("OVERLOAD") && !line.contains("MEMORY"),
             "{line}"
         );
+        let shed = Live {
+            memory: crate::snapshot::Memory {
+                ack_logs_shed: 12,
+                evicted_for_memory: 3,
+                ..now.memory
+            },
+            ..now
+        };
+        assert!(progress_line(
+            &shed,
+            &prev,
+            Duration::ZERO,
+            Duration::from_secs(1),
+            &c,
+            &Counters::default(),
+            0
+        )
+        .contains("MEMORY: 12 replay logs, 3 flows given up"));
         c.map[counter::OVERLOAD_ENTERED as usize] = 1;
         assert!(progress_line(
             &now,

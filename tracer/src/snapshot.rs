@@ -29,6 +29,25 @@ pub struct Snapshot {
     pub linux: Option<KernelReport>,
     /// The collector's peak resident memory (a live trace).
     pub peak_resident_bytes: Option<u64>,
+    /// What the engine's flows hold, its budget, and what it gave up.
+    pub memory: Memory,
+}
+
+/// The engine's memory: its budget, what its flows hold, what it gave up
+/// to stay within the budget.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Memory {
+    pub budget_bytes: u64,
+    pub held_bytes: u64,
+    /// The most held once an observation was taken in (and anything given
+    /// up for it).
+    pub peak_held_bytes: u64,
+    /// Flows whose ACK-level replay log was given up (replayed from the
+    /// wire instead).
+    pub ack_logs_shed: u64,
+    /// Flows evicted to stay within the budget (their counts stay in the
+    /// totals; they are also among the evicted flows).
+    pub evicted_for_memory: u64,
 }
 
 impl Snapshot {
@@ -445,6 +464,7 @@ pub(crate) fn build(
         kernel: None,
         linux: None,
         peak_resident_bytes: None,
+        memory: Memory::default(),
     }
 }
 

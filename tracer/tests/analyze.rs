@@ -11,7 +11,7 @@ use serde_json::Value;
 use tracer::lab::{self, Lab, LabSpec};
 
 mod common;
-use common::{lines, root_or_skip, said, BIN};
+use common::{lines, root_or_skip, said, u, BIN};
 
 fn analyze(file: &std::path::Path) -> std::process::Output {
     Command::new(BIN)
@@ -19,10 +19,6 @@ fn analyze(file: &std::path::Path) -> std::process::Output {
         .arg(file)
         .output()
         .expect("run tracer analyze")
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
 
 #[test]

@@ -80,6 +80,23 @@ fn bad_input_gets_one_line_and_exit_2() {
         ),
         (&["lab", "--flows", "0"], "--flows 0"),
         (
+            &["record", "--iface", "lo", "--memory-mib", "8"],
+            "--memory-mib 8: give 64 to 1048576",
+        ),
+        (
+            // The ring alone is mapped twice: 128 MB of a 64 MB budget.
+            &[
+                "record",
+                "--iface",
+                "lo",
+                "--memory-mib",
+                "64",
+                "--ring-mib",
+                "64",
+            ],
+            "which leaves the flows too little: give at least",
+        ),
+        (
             &["record", "--iface", "lo", "--xdp-mode", "native"],
             "lo has no native XDP support",
         ),

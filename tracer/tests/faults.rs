@@ -6,7 +6,7 @@ use std::{
     io::{BufReader, Read, Write},
     net::TcpStream,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Output},
     sync::mpsc,
     time::{Duration, Instant},
 };
@@ -20,7 +20,7 @@ use tracer::{
 use tracer_common::counter;
 
 mod common;
-use common::{lines, root_or_skip, said, BIN};
+use common::{root_or_skip, said, signal, spawn_tracer, tracer_on_server, u, BIN};
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tracer-faults-{}-{name}", std::process::id()))
@@ -43,31 +43,7 @@ fn a_lab(mode: lab::Mode, flows: usize, bytes: u64) -> Lab {
 
 /// `tracer record ARGS` on the lab's server interface; its stderr lines.
 fn record(lab: &Lab, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
-    record_cmd(lab, "record", args)
-}
-
-/// The same with `record` or `live` (without a terminal: progress lines).
-fn record_cmd(lab: &Lab, cmd: &str, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(BIN)
-        .args([
-            cmd,
-            "--iface",
-            lab::SERVER_IF,
-            "--netns",
-            &lab.topo.server_ns,
-        ])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tracer record");
-    let rx = lines(child.stderr.take().unwrap());
-    (child, rx)
-}
-
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: plain kill(2) on our child.
-    unsafe { libc::kill(child.id() as i32, sig) };
+    tracer_on_server(lab, "record", args)
 }
 
 /// `tracer analyze --json` on our trace, which must read whole (exit 0);
@@ -88,10 +64,6 @@ fn analyzed_segments(file: &Path) -> u64 {
     );
     let r: Value = serde_json::from_slice(&out.stdout).unwrap();
     u(&r["totals"]["segments"])
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
 
 fn scrape(addr: &str, metric: &str) -> f64 {
@@ -403,24 +375,19 @@ fn leftovers(pid: u32) -> (Vec<String>, Vec<(u32, String)>) {
 /// `tracer lab` until it has traced 10,000 segments of its upload (a
 /// bound on 4 GiB and a minute: it is stopped long before).
 fn lab_running(extra: &[&str]) -> Child {
-    let mut child = Command::new(BIN)
-        .args([
-            "lab",
-            "--json",
-            "--quiet",
-            "--bytes",
-            "1G",
-            "--duration",
-            "60",
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tracer lab");
-    let rx = lines(child.stderr.take().unwrap());
+    let mut args = vec![
+        "lab",
+        "--json",
+        "--quiet",
+        "--bytes",
+        "1G",
+        "--duration",
+        "60",
+        "--metrics-addr",
+        "127.0.0.1:0",
+    ];
+    args.extend(extra);
+    let (child, rx) = spawn_tracer(&args);
     traced_at_least(&metrics_addr(&rx), 10_000.0);
     child
 }
@@ -507,7 +474,7 @@ fn traced_upload_into(lab: &mut Lab, cmd: &str, file: &Path) -> (Child, mpsc::Re
         "--metrics-addr",
         "127.0.0.1:0",
     ];
-    let (child, rx) = record_cmd(lab, cmd, &args);
+    let (child, rx) = tracer_on_server(lab, cmd, &args);
     let addr = metrics_addr(&rx);
     said(&rx, "tracing TCP received on");
     lab.start_upload().unwrap();

@@ -36,7 +36,7 @@ use tracer::{
 };
 
 mod common;
-use common::{root_or_skip, under_tcg, BIN};
+use common::{root_or_skip, u, under_tcg, BIN};
 
 /// Runs `tracer lab --json --quiet ARGS`; the report.
 fn lab_json(args: &[&str]) -> Value {
@@ -47,7 +47,8 @@ fn lab_json(args: &[&str]) -> Value {
 /// TCG the upload gets two minutes instead of the lab's eight seconds (the
 /// emulated path carries about 60 Mbit/s: every test expects the upload
 /// whole), and a ring that holds all its events (the emulated collector
-/// falls behind a burst that a real core keeps up with).
+/// falls behind a burst that a real core keeps up with; mapped twice, it
+/// needs a memory budget to match).
 fn lab_json_exits(args: &[&str], codes: &[i32]) -> Value {
     let mut cmd = Command::new(BIN);
     cmd.args(["lab", "--json", "--quiet"]).args(args);
@@ -60,8 +61,12 @@ fn lab_json_exits(args: &[&str], codes: &[i32]) -> Value {
     if !args.contains(&"--ring-mib") {
         cmd.args(["--ring-mib", ring]);
     }
-    if under_tcg() && !args.contains(&"--duration") {
-        cmd.args(["--duration", "120"]);
+    if under_tcg() {
+        for (flag, value) in [("--duration", "120"), ("--memory-mib", "1536")] {
+            if !args.contains(&flag) {
+                cmd.args([flag, value]);
+            }
+        }
     }
     let out = cmd.output().expect("run tracer lab");
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -147,10 +152,6 @@ fn flows(r: &Value) -> Vec<(&Value, &Value, &Value)> {
             (tracer, truth, sockets)
         })
         .collect()
-}
-
-fn u(v: &Value) -> u64 {
-    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
 }
 
 /// Whether the replay takes the tracer's TCP-layer view of a flow as

@@ -212,6 +212,15 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
     assert_eq!(m("tracer_cpu_migrations_total"), u(&t["cpu_migrations"]));
     assert_eq!(m("tracer_dropped_events_total"), u(&t["dropped_events"]));
     assert_eq!(m("tracer_tracked_flows"), u(&report["tracked_flows"]));
+    let memory = &report["memory"];
+    assert_eq!(m("tracer_flows_budget_bytes"), u(&memory["budget_bytes"]));
+    assert!(m("tracer_flows_held_bytes") > 0.0);
+    assert!(m("tracer_flows_held_bytes") <= u(&memory["peak_held_bytes"]));
+    assert_eq!(m("tracer_ack_logs_shed_total"), u(&memory["ack_logs_shed"]));
+    assert_eq!(
+        m("tracer_flows_evicted_for_memory_total"),
+        u(&memory["evicted_for_memory"])
+    );
     for class in [
         "different_queue",
         "different_cpu",

@@ -447,6 +447,8 @@ fn bench() -> Result<ExitCode> {
         "--bench",
         "xdp",
         "--bench",
+        "memory",
+        "--bench",
         "events",
         "--bench",
         "lab",

@@ -10,6 +10,8 @@
 
 use std::collections::BTreeMap;
 
+use super::memory::give_back;
+
 /// A distribution over small integers, counted, with the zero bin kept
 /// apart so flows without reordering allocate nothing.
 #[derive(Clone, Debug, Default)]
@@ -27,6 +29,10 @@ impl Bins {
             self.others
                 .get_or_insert_with(|| vec![0; len].into_boxed_slice())[index] += 1;
         }
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.others.as_ref().map_or(0, |o| 8 * o.len() as u64)
     }
 
     fn counts(&self, zero_index: usize, len: usize) -> Vec<u64> {
@@ -124,6 +130,12 @@ impl ReorderDensity {
                 self.deliver(arrival, end, counted);
             }
         }
+        give_back(&mut self.early);
+    }
+
+    /// Heap bytes it holds: what the memory budget counts.
+    pub fn held_bytes(&self) -> u64 {
+        super::memory::btree_bytes::<u64, (u64, u64, bool)>(self.early.len()) + self.fd.held_bytes()
     }
 
     /// FD[k] for k = -DT..=DT.
@@ -158,6 +170,11 @@ impl BufferDensity {
             fb: Bins::default(),
             lost: 0,
         }
+    }
+
+    /// Heap bytes it holds: what the memory budget counts.
+    pub fn held_bytes(&self) -> u64 {
+        super::memory::btree_bytes::<u64, u64>(self.buffer.len()) + self.fb.held_bytes()
     }
 
     pub fn arrive(&mut self, start: u64, end: u64) {
@@ -199,6 +216,7 @@ impl BufferDensity {
             self.buffer.pop_first();
             self.e = self.e.max(end);
         }
+        give_back(&mut self.buffer);
     }
 
     /// FB[k] for k = 0..=BT.

@@ -7,7 +7,7 @@
 //! Eviction pops the queue until an entry still carries its slot's current
 //! stamp: that slot's last use is the oldest of all, which is exact LRU.
 //! Stale entries are compacted away when the queue reaches twice the
-//! capacity, so it stays bounded and costs O(1) amortised per access.
+//! flows held, so it stays bounded and costs O(1) amortised per access.
 //! (A linked-list LRU instead touches two neighbour nodes per access:
 //! random cache misses on a stream interleaving many flows.) Segments come
 //! in trains of one flow (a TSO burst, a NAPI poll of one queue), so the
@@ -18,6 +18,9 @@ use std::collections::{HashMap, VecDeque};
 use rustc_hash::FxBuildHasher;
 
 use crate::source::Flow;
+
+/// The recency queue is compacted at twice the flows held, or this.
+const MIN_QUEUE: usize = 64;
 
 pub struct FlowTable<V> {
     cap: usize,
@@ -31,6 +34,8 @@ pub struct FlowTable<V> {
     clock: u64,
     /// The flow accessed last and its slot.
     last: Option<(Flow, u32)>,
+    /// [`held_bytes`](Self::held_bytes), weighed as the table grows.
+    held: u64,
 }
 
 impl<V> FlowTable<V> {
@@ -43,6 +48,7 @@ impl<V> FlowTable<V> {
             queue: VecDeque::new(),
             clock: 0,
             last: None,
+            held: 0,
         }
     }
 
@@ -73,6 +79,7 @@ impl<V> FlowTable<V> {
                 self.slots.push((flow, fresh()));
                 self.stamps.push(0);
                 self.index.insert(flow, slot);
+                self.held = self.weigh();
                 slot
             }
             None => {
@@ -97,8 +104,12 @@ impl<V> FlowTable<V> {
         }
         self.clock += 1;
         *stamp = self.clock;
+        let grows = self.queue.len() == self.queue.capacity();
         self.queue.push_back((self.clock, slot));
-        if self.queue.len() >= 2 * self.cap {
+        if grows {
+            self.held = self.weigh();
+        }
+        if self.queue.len() >= 2 * self.slots.len().max(MIN_QUEUE) {
             let stamps = &self.stamps;
             self.queue.retain(|&(t, s)| stamps[s as usize] == t);
         }
@@ -126,9 +137,80 @@ impl<V> FlowTable<V> {
         Some(&mut self.slots[slot as usize].1)
     }
 
+    /// The state of the flow accessed last (by [`get_or_insert`](Self::get_or_insert)).
+    pub fn last_mut(&mut self) -> Option<&mut V> {
+        let (_, slot) = self.last?;
+        Some(&mut self.slots[slot as usize].1)
+    }
+
+    /// Bytes its own structures take (by capacity; the states' heap
+    /// beyond their slots is theirs to say), weighed as they grow.
+    pub fn held_bytes(&self) -> u64 {
+        self.held
+    }
+
+    fn weigh(&self) -> u64 {
+        use std::mem::size_of;
+        // hashbrown: a power of two of buckets, at most 7/8 full, each an
+        // entry and a control byte.
+        let buckets = (self.index.capacity() * 8).div_ceil(7);
+        (self.slots.capacity() * size_of::<(Flow, V)>()
+            + self.stamps.capacity() * size_of::<u64>()
+            + self.queue.capacity() * size_of::<(u64, u32)>()
+            + buckets * (size_of::<(Flow, u32)>() + 1)) as u64
+    }
+
     /// All flows, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&Flow, &V)> {
         self.slots.iter().map(|(f, v)| (f, v))
+    }
+
+    /// All flows' states, mutable, in no particular order; not uses.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.slots.iter_mut().map(|(_, v)| v)
+    }
+
+    /// Evicts flows, least recently used first, while `more` (shown each
+    /// one's state before it goes) says so; hands them back. Compacts the
+    /// slab: O(table) a call, for evicting many at once.
+    pub fn evict_oldest_while(&mut self, mut more: impl FnMut(&V) -> bool) -> Vec<(Flow, V)> {
+        let mut evict = vec![false; self.slots.len()];
+        while let Some(&(t, s)) = self.queue.front() {
+            if self.stamps[s as usize] == t && !more(&self.slots[s as usize].1) {
+                break;
+            }
+            self.queue.pop_front();
+            evict[s as usize] |= self.stamps[s as usize] == t;
+        }
+        if !evict.contains(&true) {
+            return Vec::new();
+        }
+        // Survivors move down into structures their size, so that what
+        // the evicted took is given back; `moved[old slot]` is the new one.
+        let survivors = evict.iter().filter(|&&e| !e).count();
+        let mut moved = vec![u32::MAX; evict.len()];
+        let slots = std::mem::replace(&mut self.slots, Vec::with_capacity(survivors));
+        let stamps = std::mem::replace(&mut self.stamps, Vec::with_capacity(survivors));
+        self.index = HashMap::with_capacity_and_hasher(survivors, FxBuildHasher);
+        let mut evicted = Vec::new();
+        for (i, ((flow, v), stamp)) in slots.into_iter().zip(stamps).enumerate() {
+            if evict[i] {
+                evicted.push((flow, v));
+            } else {
+                moved[i] = self.slots.len() as u32;
+                self.index.insert(flow, moved[i]);
+                self.slots.push((flow, v));
+                self.stamps.push(stamp);
+            }
+        }
+        self.queue.retain_mut(|(_, s)| {
+            *s = moved[*s as usize];
+            *s != u32::MAX
+        });
+        self.queue.shrink_to_fit();
+        self.last = None;
+        self.held = self.weigh();
+        evicted
     }
 }
 
@@ -167,9 +249,50 @@ mod tests {
             };
             model.push(port);
             assert_eq!(ev.map(|(f, _)| f.src.port()), expect, "access {i}");
-            assert!(t.queue.len() < 2 * cap);
+            assert!(t.queue.len() < 2 * MIN_QUEUE.max(cap));
         }
         assert_eq!(t.len(), cap);
+    }
+
+    /// Evicting many at once takes the least recently used, and the table
+    /// then goes on exactly as an LRU of what is left.
+    #[test]
+    fn evicting_the_oldest_keeps_the_rest_in_order() {
+        let mut t = FlowTable::new(8);
+        for port in 0..8 {
+            t.get_or_insert(flow(port), || u64::from(port));
+        }
+        // Recency now: 0 2 3 4 5 6 7 1 (oldest first).
+        t.get_or_insert(flow(1), || 0);
+        let mut budget = 3;
+        let mut gone: Vec<u16> = t
+            .evict_oldest_while(|_| {
+                budget -= 1;
+                budget >= 0
+            })
+            .into_iter()
+            .map(|(f, _)| f.src.port())
+            .collect();
+        gone.sort();
+        assert_eq!(gone, [0, 2, 3]);
+        assert_eq!(t.len(), 5);
+        assert_eq!(t.peek(&flow(7)), Some(&7));
+        assert!(t.last_mut().is_none());
+        // Three new flows fill it; the next one evicts 4, then 5.
+        for port in 10..13 {
+            assert!(t.get_or_insert(flow(port), || 0).1.is_none());
+        }
+        assert_eq!(
+            t.get_or_insert(flow(13), || 0)
+                .1
+                .map(|(f, v)| (f.src.port(), v)),
+            Some((4, 4))
+        );
+        assert_eq!(
+            t.get_or_insert(flow(14), || 0).1.map(|(f, _)| f.src.port()),
+            Some(5)
+        );
+        assert_eq!(*t.last_mut().unwrap(), 0);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! Pure: no I/O, no clock, no kernel; the same observation stream always
 //! gives the same [`Snapshot`]. Flow state is keyed by direction (a
 //! [`Flow`] is src -> dst) and bounded by an LRU of `max_flows` entries;
-//! an evicted flow's counts stay in the totals.
+//! an evicted flow's counts stay in the totals. What all flows hold
+//! together is bounded by a memory budget ([`memory`]).
 //!
 //! Per flow direction, two views:
 //! * wire: the XDP segments, in the order and on the RX queue and CPU they
@@ -15,6 +16,7 @@
 
 pub mod density;
 pub mod flows;
+pub mod memory;
 pub mod order;
 pub mod verdict;
 
@@ -23,7 +25,7 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 
 use crate::{
-    snapshot::{self, Snapshot},
+    snapshot::{self, Memory, Snapshot},
     source::{Flow, Observation, Retransmit, Segment, TcpProbe},
 };
 use density::{BufferDensity, ReorderDensity};
@@ -70,6 +72,10 @@ pub struct EngineConfig {
     pub migration_window_ns: u64,
     pub verdict: VerdictRules,
     pub replay: ReplayConfig,
+    /// Bytes all flows' state may hold together ([`memory`]; reported
+    /// there).
+    #[serde(skip)]
+    pub memory_budget: u64,
 }
 
 impl Default for EngineConfig {
@@ -81,6 +87,7 @@ impl Default for EngineConfig {
             migration_window_ns: 10_000_000,
             verdict: VerdictRules::default(),
             replay: ReplayConfig::default(),
+            memory_budget: memory::DEFAULT_MEMORY_BUDGET,
         }
     }
 }
@@ -352,6 +359,8 @@ struct WireView {
     /// Summary mode: where the data the kernel counted without emitting
     /// ended, when a FIN said so (after the last data segment emitted).
     counted_end: u64,
+    /// The heap bytes of `m.late`, weighed when a late segment updates it.
+    late_held: u64,
 }
 
 impl WireView {
@@ -374,6 +383,7 @@ impl WireView {
             last_migration_ns: None,
             log: FlowLog::default(),
             counted_end: start,
+            late_held: 0,
         }
     }
 
@@ -394,6 +404,8 @@ pub struct FlowState {
     wire: Option<WireView>,
     /// TCP-layer order (tcp_probe): classes only.
     tcp: Option<Box<(Unwrap, OrderDetector)>>,
+    /// The heap bytes of `tcp`, weighed as a probe updates it.
+    tcp_held: u64,
     pub tcp_layer: TcpLayer,
     /// All XDP segments (data or not) and their spread over (RX queue,
     /// CPU).
@@ -412,6 +424,10 @@ pub struct FlowState {
     pub sender_rtt_ns: Option<(u64, u64)>,
     pub first_ns: u64,
     pub last_ns: u64,
+    /// Its heap bytes when last weighed ([`memory`]), and of them its
+    /// logs'.
+    held: u64,
+    logs_weighed: u64,
 }
 
 /// The TCP-layer view's counts.
@@ -518,16 +534,36 @@ pub struct Live {
     pub probes: u64,
     pub reordered: u64,
     pub flows: u64,
+    pub memory: Memory,
 }
 
 pub struct Engine {
     cfg: EngineConfig,
     flows: FlowTable<FlowState>,
-    /// What evicted flows contributed, so totals stay whole.
-    evicted: Box<FlowTotals>,
-    pub evictions: u64,
+    retired: Retired,
+    /// The table's bytes when the engine last weighed its memory.
+    table_weighed: u64,
     live: Live,
     retransmit_events: u64,
+    memory: Memory,
+}
+
+/// The books on flows: what evicted ones contributed (so totals stay
+/// whole), how many were evicted, and the heap bytes the tracked ones hold
+/// ([`FlowState::held`], summed).
+#[derive(Default)]
+struct Retired {
+    totals: Box<FlowTotals>,
+    evictions: u64,
+    flows_held: u64,
+}
+
+impl Retired {
+    fn retire(&mut self, old: &FlowState) {
+        self.evictions += 1;
+        self.flows_held -= old.held;
+        self.totals.add_flow(old);
+    }
 }
 
 /// Sums over flows.
@@ -575,10 +611,14 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         Self {
             flows: FlowTable::new(cfg.max_flows),
-            evicted: Box::default(),
-            evictions: 0,
+            retired: Retired::default(),
+            table_weighed: 0,
             live: Live::default(),
             retransmit_events: 0,
+            memory: Memory {
+                budget_bytes: cfg.memory_budget,
+                ..Memory::default()
+            },
             cfg,
         }
     }
@@ -590,6 +630,7 @@ impl Engine {
     pub fn live(&self) -> Live {
         Live {
             flows: self.flows.len() as u64,
+            memory: self.memory(),
             ..self.live
         }
     }
@@ -600,8 +641,7 @@ impl Engine {
             ..Default::default()
         });
         if let Some((_, old)) = evicted {
-            self.evictions += 1;
-            self.evicted.add_flow(&old);
+            self.retired.retire(&old);
         }
         f.last_ns = ts_ns;
         f
@@ -612,17 +652,27 @@ impl Engine {
         match obs {
             Observation::Segment(s) => self.segment(s),
             Observation::TcpProbe(p) => {
-                self.probe(p);
+                let reshaped = self.probe(p);
+                self.settle(reshaped);
                 None
             }
             Observation::Retransmit(r) => {
                 self.retransmit(r);
+                self.settle(true);
                 None
             }
         }
     }
 
     pub fn segment(&mut self, s: &Segment) -> Option<Classified> {
+        let c = self.wire_segment(s);
+        // In-order data only adds to the logs (weighed as they grow) and
+        // closes holes.
+        self.settle(c.is_none_or(|c| c.class != Class::InOrder));
+        c
+    }
+
+    fn wire_segment(&mut self, s: &Segment) -> Option<Classified> {
         self.live.segments += 1;
         self.live.payload_bytes += u64::from(s.payload_len);
         let cfg = self.cfg;
@@ -691,7 +741,8 @@ impl Engine {
         Some(c)
     }
 
-    fn probe(&mut self, p: &TcpProbe) {
+    /// Whether the TCP-layer detector's size changed.
+    fn probe(&mut self, p: &TcpProbe) -> bool {
         self.live.probes += 1;
         let f = self.flow(p.flow, p.ts_ns);
         if f.rtt_ns.is_none() && p.srtt_us > 0 {
@@ -715,7 +766,7 @@ impl Engine {
             if !paws && ahead && p.flags & FIN != 0 && p.flags & (RST | SYN) == 0 {
                 f.tcp_layer.ofo_segments += 1;
             }
-            return;
+            return false;
         }
         let t = &mut f.tcp_layer;
         t.events += 1;
@@ -738,7 +789,7 @@ impl Engine {
         }
         if paws {
             t.paws_discarded += 1;
-            return;
+            return false;
         }
         let seq = if p.flags & SYN != 0 {
             p.seq.wrapping_add(1)
@@ -764,12 +815,14 @@ impl Engine {
         };
         let out = order.observe(&a, None);
         unwrap.advance(order.next_exp());
+        let held = (std::mem::size_of::<(Unwrap, OrderDetector)>() as u64) + order.held_bytes();
         let t = &mut f.tcp_layer;
         match out.class {
             Class::InOrder => t.in_order += 1,
             Class::Duplicate => t.duplicates += 1,
             _ => t.late += 1,
         }
+        std::mem::replace(&mut f.tcp_held, held) != held
     }
 
     fn retransmit(&mut self, r: &Retransmit) {
@@ -814,7 +867,7 @@ impl Engine {
     // path a fifth of its speed in the benchmark.)
     #[inline(never)]
     fn snapshot_with(&self, replay: bool, max_flows: usize, keep: Option<&str>) -> Snapshot {
-        let mut totals = (*self.evicted).clone();
+        let mut totals = (*self.retired.totals).clone();
         let mut shown: Vec<(&Flow, &FlowState)> = Vec::with_capacity(self.flows.len());
         // Over every tracked flow, not only those shown.
         let mut verdicts = BTreeMap::new();
@@ -855,15 +908,18 @@ impl Engine {
                 .then(a.src.cmp(&b.src))
                 .then(a.dst.cmp(&b.dst))
         });
-        snapshot::build(
-            &totals,
-            flows,
-            verdicts,
-            self.flows.len() as u64,
-            self.evictions,
-            self.retransmit_events,
-            &self.cfg,
-        )
+        Snapshot {
+            memory: self.memory(),
+            ..snapshot::build(
+                &totals,
+                flows,
+                verdicts,
+                self.flows.len() as u64,
+                self.retired.evictions,
+                self.retransmit_events,
+                &self.cfg,
+            )
+        }
     }
 
     pub fn flow_state(&self, flow: &Flow) -> Option<&FlowState> {
@@ -959,6 +1015,7 @@ fn wire_update(
             if on_old_queue {
                 ls.old_queue_late_us.record(l.late_ns / 1000);
             }
+            w.late_held = ls.held_bytes();
             attribution = Some(attr);
         }
         Class::Retransmission => m.retransmissions += 1,

@@ -12,6 +12,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::memory::give_back;
+
 /// 32-bit TCP sequence numbers become 64-bit values that never wrap: each is
 /// placed within 2^31 of a reference (serial-number arithmetic, RFC 1982).
 #[derive(Clone, Copy, Debug)]
@@ -235,6 +237,19 @@ struct Filled {
 const MAX_RETRANSMITTED: usize = 64;
 
 impl OrderDetector {
+    /// Heap bytes it holds (its ranges and holes, estimated from their
+    /// counts): what the memory budget counts.
+    pub fn held_bytes(&self) -> u64 {
+        let rare = self.rare.as_deref().map_or(0, |r| {
+            std::mem::size_of::<Rare>()
+                + (r.abandoned.capacity() + r.retransmitted.capacity()) * 16
+                + r.filled_by_retransmission.capacity() * std::mem::size_of::<Filled>()
+        });
+        super::memory::btree_bytes::<u64, u64>(self.above.len())
+            + super::memory::btree_bytes::<u64, Discontinuity>(self.holes.len())
+            + rare as u64
+    }
+
     fn rare(&self) -> &Rare {
         self.rare.as_deref().unwrap_or(&NO_RARE)
     }
@@ -337,6 +352,7 @@ impl OrderDetector {
         }
         self.close_holes();
         self.bound();
+        give_back(&mut self.above);
     }
 
     /// Holes entirely below the frontier are closed.
@@ -350,6 +366,7 @@ impl OrderDetector {
             }
             self.holes.pop_first();
         }
+        give_back(&mut self.holes);
     }
 
     /// Gives up the oldest hole when too much is held open.
@@ -374,6 +391,7 @@ impl OrderDetector {
             }
             self.holes.retain(|_, d| d.hole_end > self.frontier);
         }
+        give_back(&mut self.holes);
     }
 
     /// Notes that this host retransmitted [start, end).

@@ -1140,6 +1140,7 @@ mod tests {
             tcp_layer_whole: true,
             ack_level: true,
             late_copies_lost: 0,
+            ack_log_shed: false,
         }
     }
 

@@ -31,6 +31,8 @@ pub mod acks;
 pub mod policy;
 pub mod throughput;
 
+use std::mem::size_of;
+
 pub use policy::{Policy, PolicyOutcome};
 
 /// A late original segment, as the sender's loss detection meets it.
@@ -177,8 +179,14 @@ pub struct FlowLog {
     /// layer is traced for this flow (none: nothing is kept, nothing
     /// costs).
     pub acks: Option<Box<AckLog>>,
+    /// The ACK-level log was given up to stay within the memory budget:
+    /// this flow is replayed from the wire, and keeps no new one.
+    pub acks_shed: bool,
     /// Events not kept (over [`MAX_EVENTS`]): the replay undercounts.
     pub dropped: u64,
+    /// Heap bytes held, by capacity: kept as the vectors grow, so that
+    /// weighing a flow reads one number ([`FlowLog::held_bytes`]).
+    held: u64,
     /// Gaps between consecutive data arrivals, counted in buckets a factor
     /// 2 apart from [`MIN_GAP_NS`] (bucket k: [MIN_GAP_NS·2^k,
     /// MIN_GAP_NS·2^(k+1))); the last one is open-ended.
@@ -200,7 +208,9 @@ impl Default for FlowLog {
             late: Vec::new(),
             refills: Vec::new(),
             acks: None,
+            acks_shed: false,
             dropped: 0,
+            held: 0,
             gaps: [0; GAP_BUCKETS],
             data_segments: 0,
             payload_bytes: 0,
@@ -249,7 +259,7 @@ impl FlowLog {
         late.arrived_ns = late.arrived_ns.saturating_sub(first);
         late.overtaken_ns = late.overtaken_ns.saturating_sub(first);
         if self.late.len() < MAX_EVENTS {
-            self.late.push(late);
+            push_weighed(&mut self.late, late, &mut self.held);
         } else {
             self.dropped += 1;
         }
@@ -274,7 +284,9 @@ impl FlowLog {
                 a.late_copies.pop_front();
                 a.late_copies_lost += 1;
             }
+            let before = a.late_copies.capacity();
             a.late_copies.push_back(WireCopy { start, end, resent });
+            self.held += ((a.late_copies.capacity() - before) * size_of::<WireCopy>()) as u64;
         }
     }
 
@@ -286,6 +298,9 @@ impl FlowLog {
             return;
         };
         let since_first = |t: u64| t.checked_sub(first);
+        self.held -= vec_bytes(&a.sender_acks)
+            + vec_bytes(&a.sender_sent)
+            + vec_bytes(&a.sender_retransmits);
         a.sender_acks = acks
             .iter()
             .filter_map(|s| Some((s.ack, since_first(s.ts_ns)?)))
@@ -302,6 +317,9 @@ impl FlowLog {
             })
             .collect();
         a.sender_retransmits = retransmits.iter().filter_map(|&t| since_first(t)).collect();
+        self.held += vec_bytes(&a.sender_acks)
+            + vec_bytes(&a.sender_sent)
+            + vec_bytes(&a.sender_retransmits);
     }
 
     /// The receiving TCP processed `arrival` (`t_ns` absolute here).
@@ -309,7 +327,13 @@ impl FlowLog {
         let Some(first) = self.first_ns else {
             return;
         };
-        let a = self.acks.get_or_insert_with(Box::default);
+        if self.acks_shed {
+            return;
+        }
+        let a = self.acks.get_or_insert_with(|| {
+            self.held += size_of::<AckLog>() as u64;
+            Box::default()
+        });
         // Each late wire copy is taken once, oldest first, by the
         // TCP-layer arrival that carries it; the resent ones at its start
         // are its retransmitted prefix.
@@ -338,7 +362,7 @@ impl FlowLog {
         arrival.retransmitted_until = until;
         arrival.t_ns = arrival.t_ns.saturating_sub(first);
         if a.tcp.len() < MAX_ACK_EVENTS {
-            a.tcp.push(arrival);
+            push_weighed(&mut a.tcp, arrival, &mut self.held);
         } else {
             self.dropped += 1;
         }
@@ -354,11 +378,12 @@ impl FlowLog {
             .last()
             .is_none_or(|m| (tsval.wrapping_sub(m.tsval) as i32) > 0);
         if newer && a.ticks.len() < MAX_ACK_EVENTS {
-            a.ticks.push(TickMark {
+            let tick = TickMark {
                 seq,
                 tsval,
                 arrived_ns: ts_ns.saturating_sub(first),
-            });
+            };
+            push_weighed(&mut a.ticks, tick, &mut self.held);
         }
     }
 
@@ -367,10 +392,40 @@ impl FlowLog {
         r.opened_ns = r.opened_ns.saturating_sub(first);
         r.filled_ns = r.filled_ns.saturating_sub(first);
         if self.refills.len() < MAX_EVENTS {
-            self.refills.push(r);
+            push_weighed(&mut self.refills, r, &mut self.held);
         } else {
             self.dropped += 1;
         }
+    }
+
+    /// Bytes the log holds on the heap (by capacity: what it may touch).
+    pub fn held_bytes(&self) -> u64 {
+        debug_assert_eq!(
+            self.held,
+            vec_bytes(&self.late) + vec_bytes(&self.refills) + self.ack_log_bytes()
+        );
+        self.held
+    }
+
+    /// The ACK-level log's part of that.
+    pub fn ack_log_bytes(&self) -> u64 {
+        self.acks.as_deref().map_or(0, |a| {
+            size_of::<AckLog>() as u64
+                + vec_bytes(&a.tcp)
+                + vec_bytes(&a.ticks)
+                + (a.late_copies.capacity() * size_of::<WireCopy>()) as u64
+                + vec_bytes(&a.sender_acks)
+                + vec_bytes(&a.sender_sent)
+                + vec_bytes(&a.sender_retransmits)
+        })
+    }
+
+    /// Gives up the ACK-level log (to stay within the memory budget): the
+    /// flow is replayed from the wire's late originals instead.
+    pub fn shed_ack_log(&mut self) {
+        self.held -= self.ack_log_bytes();
+        self.acks = None;
+        self.acks_shed = true;
     }
 
     pub fn duration_ns(&self) -> u64 {
@@ -389,6 +444,17 @@ impl FlowLog {
         };
         self.gaps.iter().skip(from).map(|&n| u64::from(n)).sum()
     }
+}
+
+fn vec_bytes<T>(v: &Vec<T>) -> u64 {
+    (v.capacity() * size_of::<T>()) as u64
+}
+
+/// Pushes `item` onto `v`, adding what its growth took to `held`.
+fn push_weighed<T>(v: &mut Vec<T>, item: T, held: &mut u64) {
+    let before = v.capacity();
+    v.push(item);
+    *held += ((v.capacity() - before) * size_of::<T>()) as u64;
 }
 
 /// Bucket of a gap of at least MIN_GAP_NS: floor(log2(gap / MIN_GAP_NS)).
@@ -481,6 +547,9 @@ pub struct Assumptions {
     /// Late wire copies the TCP layer had not taken when more came
     /// ([`AckLog::late_copies_lost`]).
     pub late_copies_lost: u64,
+    /// The flow's ACK-level log was given up to stay within the memory
+    /// budget (`--memory-mib`): replayed from the wire.
+    pub ack_log_shed: bool,
 }
 
 /// RTT when neither the trace nor the user gives one.
@@ -551,6 +620,7 @@ impl ReplayConfig {
             tcp_layer_whole: false,
             ack_level: false,
             late_copies_lost: log.acks.as_deref().map_or(0, |l| l.late_copies_lost),
+            ack_log_shed: log.acks_shed,
         }
     }
 }

@@ -3,9 +3,13 @@
 
 use std::{
     io::{BufRead, BufReader, Read},
+    process::{Child, Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
+
+use serde_json::Value;
+use tracer::lab::{self, Lab};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tracer");
 
@@ -36,6 +40,37 @@ pub fn lines(from: impl Read + Send + 'static) -> mpsc::Receiver<String> {
     rx
 }
 
+/// A JSON count.
+pub fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// `tracer ARGS`; its stderr lines as they come.
+pub fn spawn_tracer(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tracer");
+    let rx = lines(child.stderr.take().unwrap());
+    (child, rx)
+}
+
+/// `tracer CMD --iface veth-s --netns SERVER ARGS` on the lab's server
+/// (`record`, or `live` without a terminal: progress lines).
+pub fn tracer_on_server(lab: &Lab, cmd: &str, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut all = vec![
+        cmd,
+        "--iface",
+        lab::SERVER_IF,
+        "--netns",
+        &lab.topo.server_ns,
+    ];
+    all.extend(args);
+    spawn_tracer(&all)
+}
+
 /// Waits (20 s at most) for the line containing `what`; returns it.
 pub fn said(rx: &mpsc::Receiver<String>, what: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -48,4 +83,9 @@ pub fn said(rx: &mpsc::Receiver<String>, what: &str) -> String {
             return line;
         }
     }
+}
+
+pub fn signal(child: &Child, sig: i32) {
+    // SAFETY: plain kill(2) on our child.
+    unsafe { libc::kill(child.id() as i32, sig) };
 }

@@ -1,0 +1,300 @@
+//! Soak tests (root; in CI, on the host): `tracer record` as a user runs
+//! it, with its default flags, under a busy host's load. Many long
+//! uploads at once: no event lost, every byte seen, resident memory within
+//! the default budget; the same in a small budget, which the replay's
+//! logs give way to; and churn: a hundred thousand short connections, the
+//! flow table bounded, its evictions counted, memory within the budget.
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener},
+    process::Child,
+    sync::{
+        atomic::{AtomicBool, AtomicU32, Ordering},
+        mpsc, Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer::{
+    kernel::netns::NetnsGuard,
+    lab::{self, FlowResult, Lab, LabSpec},
+    replay::TcpArrival,
+};
+
+mod common;
+use common::{root_or_skip, said, signal, tracer_on_server, u};
+
+/// The default `--memory-mib`.
+const BUDGET: u64 = 512 << 20;
+
+/// A lab whose edge forwards plainly to a 4-queue server interface.
+fn plain_lab(flows: usize, bytes: u64) -> Lab {
+    let mut spec = LabSpec::new(lab::Mode::Off, 4);
+    spec.flows = flows;
+    spec.bytes_per_flow = bytes;
+    spec.timeout = Duration::from_secs(180);
+    Lab::create(&spec).expect("lab")
+}
+
+/// `tracer record --json ARGS` on the lab's server, once it traces.
+fn tracing(lab: &Lab, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut all = vec!["--json"];
+    all.extend(args);
+    let (child, rx) = tracer_on_server(lab, "record", &all);
+    said(&rx, "tracing TCP received on");
+    (child, rx)
+}
+
+/// Stops the tracer (SIGINT, after a second to drain): its exit code and
+/// report.
+fn report(child: Child) -> (Option<i32>, Value) {
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&child, libc::SIGINT);
+    let done = child.wait_with_output().unwrap();
+    let r = serde_json::from_slice(&done.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON report ({e}): {}",
+            String::from_utf8_lossy(&done.stdout)
+        )
+    });
+    (done.status.code(), r)
+}
+
+/// `flows` uploads of `bytes` each at once, traced with `args`: the
+/// report, the sockets' own counts and the exit code.
+fn long_uploads(flows: usize, bytes: u64, args: &[&str]) -> (Option<i32>, Value, Vec<FlowResult>) {
+    let mut lab = plain_lab(flows, bytes);
+    let (child, _rx) = tracing(&lab, args);
+    lab.start_upload().unwrap();
+    while !lab.finished() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let sockets = lab.finish().unwrap().flows;
+    let (code, r) = report(child);
+    drop(lab);
+    assert!(lab::lab_namespaces().is_empty());
+    for f in &sockets {
+        assert_eq!(f.received, bytes, "{}: the upload did not finish", f.flow);
+    }
+    (code, r, sockets)
+}
+
+/// Every flow's bytes, each once, as the tracer saw them (how far its
+/// sequence numbers advanced) equal what its socket received.
+fn every_byte_seen(r: &Value, sockets: &[FlowResult]) {
+    let flows = r["flows"].as_array().unwrap();
+    for s in sockets {
+        let src = s.flow.src.to_string();
+        let f = flows
+            .iter()
+            .find(|f| f["src"] == src.as_str())
+            .unwrap_or_else(|| panic!("{src}: not in the report"));
+        assert_eq!(u(&f["seq_advance_bytes"]), s.received, "{src}");
+    }
+}
+
+fn mb(v: &Value) -> u64 {
+    u(v) >> 20
+}
+
+#[test]
+fn sixty_four_long_uploads_by_default_lose_nothing_within_the_memory_budget() {
+    if !root_or_skip("sixty_four_long_uploads_by_default_lose_nothing_within_the_memory_budget") {
+        return;
+    }
+    let t = Instant::now();
+    let (code, r, sockets) = long_uploads(64, 64 << 20, &[]);
+    let k = &r["kernel"];
+    let m = &r["memory"];
+    eprintln!(
+        "64 x 64 MiB in {:.1} s: {} segments ({} summarized), {} dropped, overloaded {} times; {} MB resident at most, the flows {} MB of {} MB",
+        t.elapsed().as_secs_f64(),
+        u(&k["xdp_tcp_segments"]),
+        u(&k["xdp_summarized"]),
+        u(&r["totals"]["dropped_events"]),
+        u(&k["overload_entered"]),
+        mb(&r["peak_resident_bytes"]),
+        mb(&m["peak_held_bytes"]),
+        mb(&m["budget_bytes"]),
+    );
+    assert_eq!(code, Some(0), "exit 0: nothing lost");
+    assert_eq!(u(&r["totals"]["dropped_events"]), 0);
+    assert_eq!(sockets.len(), 64);
+    every_byte_seen(&r, &sockets);
+    assert!(u(&r["peak_resident_bytes"]) <= BUDGET);
+    assert!(u(&m["peak_held_bytes"]) <= u(&m["budget_bytes"]));
+}
+
+#[test]
+fn in_a_small_budget_the_replay_logs_give_way_and_nothing_else_is_lost() {
+    if !root_or_skip("in_a_small_budget_the_replay_logs_give_way_and_nothing_else_is_lost") {
+        return;
+    }
+    let budget = 96u64 << 20;
+    let (code, r, sockets) = long_uploads(64, 64 << 20, &["--memory-mib", "96"]);
+    let m = &r["memory"];
+    eprintln!(
+        "in 96 MiB: {} MB resident at most, the flows {} MB of {} MB; {} replay logs given up, {} flows evicted",
+        mb(&r["peak_resident_bytes"]),
+        mb(&m["peak_held_bytes"]),
+        mb(&m["budget_bytes"]),
+        u(&m["ack_logs_shed"]),
+        u(&m["evicted_for_memory"]),
+    );
+    assert_eq!(code, Some(0));
+    assert!(u(&r["peak_resident_bytes"]) <= budget);
+    assert!(u(&m["peak_held_bytes"]) <= u(&m["budget_bytes"]));
+    // What the ACK-level logs alone would have held, kept whole: one
+    // entry for each skb TCP took in. Past the flows' budget, some gave
+    // way (on this path TCP takes every wire segment on its own: some
+    // 200 MB for the 64 flows).
+    let entries: u64 = r["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| u(&f["tcp_layer"]["events"]))
+        .sum();
+    let demand = entries * std::mem::size_of::<TcpArrival>() as u64;
+    eprintln!("the ACK-level logs, kept whole: {} MB", demand >> 20);
+    if demand > u(&m["budget_bytes"]) {
+        assert!(u(&m["ack_logs_shed"]) > 0);
+    }
+    // Without reordering, a flow holds little but its log.
+    assert_eq!(u(&m["evicted_for_memory"]), 0, "the logs were enough");
+    every_byte_seen(&r, &sockets);
+    // Each flow that gave its log up says so, and was replayed from the
+    // wire.
+    let shed: Vec<&Value> = r["flows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["replay"]["assumptions"]["ack_log_shed"] == true)
+        .collect();
+    assert_eq!(shed.len() as u64, u(&m["ack_logs_shed"]));
+    assert!(shed
+        .iter()
+        .all(|f| f["replay"]["assumptions"]["ack_level"] == false));
+}
+
+/// Short connections from the lab's client, each from its own port to one
+/// of two server ports (`n` distinct flows), sending `bytes` and waiting
+/// for the server to close first (no TIME_WAIT on the client's ports), on
+/// eight threads, until done or `deadline`. Returns how many completed.
+fn churn(lab: &Lab, n: u32, bytes: usize, deadline: Instant) -> u32 {
+    let server: [SocketAddr; 2] = [
+        "10.77.2.2:5301".parse().unwrap(),
+        "10.77.2.2:5302".parse().unwrap(),
+    ];
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut servers = Vec::new();
+    for addr in server {
+        let listener = {
+            let _ns = NetnsGuard::enter(&lab.topo.server_ns).unwrap();
+            TcpListener::bind(addr).unwrap()
+        };
+        listener.set_nonblocking(true).unwrap();
+        for _ in 0..2 {
+            let (listener, stop) = (listener.try_clone().unwrap(), stop.clone());
+            servers.push(std::thread::spawn(move || {
+                let mut buf = vec![0u8; bytes];
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((mut s, _)) => {
+                            s.set_nonblocking(false).unwrap();
+                            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                            let _ = s.read_exact(&mut buf);
+                        }
+                        Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                    }
+                }
+            }));
+        }
+    }
+    let done = Arc::new(AtomicU32::new(0));
+    let clients: Vec<_> = (0..8u32)
+        .map(|t| {
+            let (ns, done) = (lab.topo.client_ns.clone(), done.clone());
+            std::thread::spawn(move || {
+                let _ns = NetnsGuard::enter(&ns).unwrap();
+                let data = vec![0x5au8; bytes];
+                for k in (t..n).step_by(8) {
+                    if Instant::now() > deadline {
+                        return;
+                    }
+                    let (port, to) = (10_000 + k % 50_000, server[(k / 50_000) as usize % 2]);
+                    let s =
+                        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                            .unwrap();
+                    s.set_reuse_address(true).unwrap();
+                    let from: SocketAddr = format!("{}:{port}", lab::CLIENT_V4).parse().unwrap();
+                    s.bind(&from.into()).unwrap();
+                    s.connect_timeout(&to.into(), Duration::from_secs(5))
+                        .unwrap_or_else(|e| panic!("{from} -> {to}: {e}"));
+                    let mut s = std::net::TcpStream::from(s);
+                    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                    s.write_all(&data).unwrap();
+                    // The server's FIN.
+                    let mut end = [0u8; 1];
+                    if matches!(s.read(&mut end), Ok(0)) {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for s in servers {
+        s.join().unwrap();
+    }
+    done.load(Ordering::Relaxed)
+}
+
+#[test]
+fn a_hundred_thousand_short_connections_stay_within_the_budget_evictions_counted() {
+    if !root_or_skip(
+        "a_hundred_thousand_short_connections_stay_within_the_budget_evictions_counted",
+    ) {
+        return;
+    }
+    const CONNECTIONS: u32 = 100_000;
+    let lab = plain_lab(1, 1);
+    let (child, _rx) = tracing(&lab, &[]);
+    let t = Instant::now();
+    let completed = churn(&lab, CONNECTIONS, 1000, t + Duration::from_secs(240));
+    let took = t.elapsed();
+    let (code, r) = report(child);
+    drop(lab);
+    let tracked = u(&r["tracked_flows"]);
+    let evicted = u(&r["evicted_flows"]);
+    let m = &r["memory"];
+    eprintln!(
+        "{completed} connections in {:.1} s: {tracked} flows tracked, {evicted} evicted ({} for memory); {} MB resident at most, the flows {} MB of {} MB",
+        took.as_secs_f64(),
+        u(&m["evicted_for_memory"]),
+        mb(&r["peak_resident_bytes"]),
+        mb(&m["peak_held_bytes"]),
+        mb(&m["budget_bytes"]),
+    );
+    assert_eq!(completed, CONNECTIONS, "the churn did not finish in time");
+    assert_eq!(code, Some(0));
+    assert_eq!(u(&r["totals"]["dropped_events"]), 0);
+    // The default --max-flows.
+    assert_eq!(tracked, 65_536);
+    // One flow direction a connection (client to server), and the reverse
+    // of any the server retransmitted on: each tracked or evicted, once.
+    let retransmitted = u(&r["totals"]["local_retransmit_events"]);
+    let seen = tracked + evicted;
+    assert!(
+        (u64::from(CONNECTIONS)..=u64::from(CONNECTIONS) + retransmitted).contains(&seen),
+        "{seen} flows for {CONNECTIONS} connections and {retransmitted} retransmissions"
+    );
+    // Each connection's data, once, new.
+    assert_eq!(u(&r["totals"]["in_order"]), u64::from(CONNECTIONS));
+    assert!(u(&r["peak_resident_bytes"]) <= BUDGET);
+    assert!(u(&m["peak_held_bytes"]) <= u(&m["budget_bytes"]));
+}
