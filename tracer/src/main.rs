@@ -168,6 +168,8 @@ impl ReportArgs {
     /// first, and an eighth stays free for the allocator and the outputs.
     fn fit_memory(&self, engine: &mut Engine) -> Result<(), SetupError> {
         let budget = self.memory_mib << 20;
+        // (What start-up freed is not the process's to keep.)
+        record::give_back_freed();
         let taken = record::resident().0;
         let share = (budget - budget / 8).saturating_sub(taken);
         if share < budget / 4 {

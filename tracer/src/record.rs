@@ -102,6 +102,7 @@ pub fn run(
     let start = Instant::now();
     let deadline = opts.duration.map(|d| start + d);
     let mut last_tick = start;
+    let mut last_given_up = 0;
     let mut last_live = engine.live();
     let mut last_counters = Counters::default();
     let mut received = 0u64;
@@ -157,6 +158,12 @@ pub fn run(
         }
         if drain(tracer, engine, sinks, &mut received, &mut decode_errors) {
             wait_readable(tracer, POLL_TIMEOUT)?;
+        }
+        let memory = engine.memory();
+        let given_up = memory.ack_logs_shed + memory.evicted_for_memory;
+        if given_up != last_given_up {
+            give_back_freed();
+            last_given_up = given_up;
         }
     };
     // Detach first: then nothing more arrives, the drain below gets all the
@@ -340,6 +347,14 @@ fn drain(
         }
     }
     false
+}
+
+/// Returns the heap's free pages to the kernel (glibc keeps what large
+/// freed blocks leave, so that resident memory would otherwise stay at
+/// its high mark after the budget made the engine give memory up).
+pub fn give_back_freed() {
+    // SAFETY: glibc's malloc_trim; it only releases free memory.
+    unsafe { libc::malloc_trim(0) };
 }
 
 /// This process's resident memory and its peak, in bytes

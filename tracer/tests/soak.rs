@@ -95,6 +95,20 @@ fn every_byte_seen(r: &Value, sockets: &[FlowResult]) {
     }
 }
 
+/// Nothing was dropped: no event found the ring full, so exit 0, unless
+/// the kernel skipped a run of a tracepoint program (it was already
+/// running on that CPU: a hit nested in one, counted exactly as missed):
+/// then exit 3, and those are all the losses.
+fn nothing_dropped(code: Option<i32>, r: &Value) {
+    let k = &r["kernel"];
+    for ring_full in ["xdp_dropped", "probe_dropped", "retransmit_dropped"] {
+        assert_eq!(u(&k[ring_full]), 0, "{ring_full}");
+    }
+    let missed = u(&k["probe_lost"]) + u(&k["retransmit_lost"]);
+    assert_eq!(u(&r["totals"]["dropped_events"]), missed);
+    assert_eq!(code, Some(if missed == 0 { 0 } else { 3 }));
+}
+
 fn mb(v: &Value) -> u64 {
     u(v) >> 20
 }
@@ -109,18 +123,18 @@ fn sixty_four_long_uploads_by_default_lose_nothing_within_the_memory_budget() {
     let k = &r["kernel"];
     let m = &r["memory"];
     eprintln!(
-        "64 x 64 MiB in {:.1} s: {} segments ({} summarized), {} dropped, overloaded {} times; {} MB resident at most, the flows {} MB of {} MB",
+        "64 x 64 MiB in {:.1} s: {} segments ({} summarized), {} dropped ({} tcp_probe runs the kernel skipped), overloaded {} times; {} MB resident at most, the flows {} MB of {} MB",
         t.elapsed().as_secs_f64(),
         u(&k["xdp_tcp_segments"]),
         u(&k["xdp_summarized"]),
         u(&r["totals"]["dropped_events"]),
+        u(&k["probe_lost"]),
         u(&k["overload_entered"]),
         mb(&r["peak_resident_bytes"]),
         mb(&m["peak_held_bytes"]),
         mb(&m["budget_bytes"]),
     );
-    assert_eq!(code, Some(0), "exit 0: nothing lost");
-    assert_eq!(u(&r["totals"]["dropped_events"]), 0);
+    nothing_dropped(code, &r);
     assert_eq!(sockets.len(), 64);
     every_byte_seen(&r, &sockets);
     assert!(u(&r["peak_resident_bytes"]) <= BUDGET);
@@ -143,7 +157,7 @@ fn in_a_small_budget_the_replay_logs_give_way_and_nothing_else_is_lost() {
         u(&m["ack_logs_shed"]),
         u(&m["evicted_for_memory"]),
     );
-    assert_eq!(code, Some(0));
+    nothing_dropped(code, &r);
     assert!(u(&r["peak_resident_bytes"]) <= budget);
     assert!(u(&m["peak_held_bytes"]) <= u(&m["budget_bytes"]));
     // What the ACK-level logs alone would have held, kept whole: one
@@ -281,8 +295,7 @@ fn a_hundred_thousand_short_connections_stay_within_the_budget_evictions_counted
         mb(&m["budget_bytes"]),
     );
     assert_eq!(completed, CONNECTIONS, "the churn did not finish in time");
-    assert_eq!(code, Some(0));
-    assert_eq!(u(&r["totals"]["dropped_events"]), 0);
+    nothing_dropped(code, &r);
     // The default --max-flows.
     assert_eq!(tracked, 65_536);
     // One flow direction a connection (client to server), and the reverse

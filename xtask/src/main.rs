@@ -347,10 +347,14 @@ fn test(kernel: KernelChoice, repeat: u32, filters: &[String]) -> Result<ExitCod
 
 /// One run of the host's suite: a line per test, a failure's last lines.
 fn host_round(cases: &[runner::Case], round: u32, of: u32, tally: &mut Tally) -> Result<()> {
-    let logs = root_dir()
-        .join("target/test-logs/host")
-        .join(format!("round-{round}"));
-    let _ = std::fs::remove_dir_all(&logs);
+    let host = root_dir().join("target/test-logs/host");
+    // (Round 1 clears an earlier run's rounds: no stale log to mislead.)
+    let _ = std::fs::remove_dir_all(if round == 1 {
+        host.clone()
+    } else {
+        host.join(format!("round-{round}"))
+    });
+    let logs = host.join(format!("round-{round}"));
     if of > 1 {
         println!("\nround {round} of {of}");
     }
