@@ -3,6 +3,12 @@
 //! it gives up the replay's ACK-level logs first (the flows with least to
 //! replay first), then the least recently seen flows, never allocating
 //! more than the budget, every segment still in the totals.
+//!
+//! Every number here is the same on every run: the uploads are generated,
+//! the engine is pure (no clock, a fixed hasher), and the allocator counts
+//! this test's own thread only. The bounds say what the design promises
+//! (today: the engine's count 0.1% under the allocator's for long flows,
+//! 3.2% under for many short ones).
 
 use tracer::engine::{Engine, EngineConfig};
 
