@@ -329,6 +329,9 @@ pub struct KernelLayout {
     pub tp_rcv_nxt: u32,
     /// `tcp_sock.rx_opt.ts_recent`.
     pub tp_ts_recent: u32,
+    /// `sock.sk_lock.owned`: whether a task holds the socket (TCP runs in
+    /// process context then, in softirq otherwise).
+    pub sk_owned: u32,
     /// 1 if `tcp_retransmit_skb` passes the transmit's result (`err`, its
     /// third argument; Linux 6.17 on): reading it on an older kernel is
     /// rejected by the verifier.

@@ -9,7 +9,7 @@
 //! * `count_pass` (XDP): the overhead benchmark's counter-only baseline.
 //!
 //! Three copies of each tracepoint program cover the runs the kernel skips
-//! when a program is already running on a CPU (see `RUNNING`).
+//! when a program is already running on a CPU (see `LAST_COPY`).
 //!
 //! Struct offsets for the tracepoint programs come from userspace, which
 //! resolves them from the running kernel's BTF (`KERNEL_LAYOUT`).
@@ -113,6 +113,7 @@ mod programs {
         tp_snd_nxt: 0,
         tp_rcv_nxt: 0,
         tp_ts_recent: 0,
+        sk_owned: 0,
         rtx_err: 0,
     });
 
@@ -619,30 +620,35 @@ mod programs {
         (seq, end_seq, ack_seq, flags)
     }
 
-    // The kernel does not run a tracing program on a CPU where it is already
-    // running (a softirq's tcp_probe arriving while a process-context one,
-    // from socket backlog processing, is inside the program; or a task
-    // preempted inside it): it only counts a "recursion miss". So each
-    // tracepoint has three copies, and per CPU a mask of the copies running
-    // there. The kernel skips exactly the running copies, so copy k handles
-    // a hit when copies 0..k are all running, i.e. all skipped for it; the
-    // first copy not running takes the hit, and only it. What no copy took
-    // (three levels of nesting, or the few instructions of the kernel's
-    // entry and exit around the mask updates) is counted in userspace: the
-    // first copy's runs plus its kernel-counted misses are all the hits, the
-    // `*_SEEN` counters the hits handled.
+    // The kernel does not run a tracing program on a CPU where that program
+    // is already running (from its wrapper's entry to its exit): it counts a
+    // "recursion miss" and goes on with the tracepoint's next program. With
+    // preemption off in tracepoints, TCP's hits nest at most one deep on a
+    // CPU: its socket code runs either holding the socket (`sk_lock.owned`:
+    // process context, e.g. backlog processing in release_sock), which only
+    // a softirq interrupts, or without it (softirq, or bottom halves off),
+    // which nothing interrupts. So each tracepoint has three copies, run in
+    // attach order: holding the socket all three always run; without it at
+    // most the one copy the interrupted run is inside is skipped. Per CPU,
+    // tracepoint and context, the copy that ran last tells hits apart: a
+    // hit's copies run in rising order, its first is copy 0 or 1 and its
+    // last copy 1 or 2, so a copy numbered no higher than the last one to
+    // run starts a new hit, and takes it. (A kernel that preempts
+    // tracepoints, PREEMPT_RT, breaks this; it still shows in the counts:
+    // the first copy's runs plus its kernel-counted misses are all the hits,
+    // the `*_SEEN` counters the hits handled.)
 
-    /// Per CPU and tracepoint (`Tracepoint::slot`): bit k is set while copy
-    /// k runs there.
+    /// Per CPU, tracepoint and context (`Tracepoint::slot` * 2, + 1 without
+    /// the socket held): the copy that ran last there, plus one (0: none).
     #[map]
-    static RUNNING: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0);
+    static LAST_COPY: PerCpuArray<u32> = PerCpuArray::with_max_entries(4, 0);
 
     /// Summary mode: per CPU, tcp_probe skbs taken in order until the next
     /// one sampled.
     #[map]
     static TCP_SAMPLE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
-    /// One traced tracepoint: its `RUNNING` slot and its counters.
+    /// One traced tracepoint: its `LAST_COPY` slot and its counters.
     struct Tracepoint {
         slot: u32,
         first_copy_runs: u32,
@@ -686,39 +692,41 @@ mod programs {
         summarized: None,
     };
 
-    /// Copy `copy` of a tracepoint program: builds and emits the event with
-    /// `build` if this copy is the one to take the hit, counting the outcome.
+    /// Copy `copy` of a tracepoint program on socket `sk`: builds and emits
+    /// the event with `build` if this copy is the one to take the hit,
+    /// counting the outcome.
     #[inline(always)]
-    fn run_copy<T>(tp: &Tracepoint, copy: u32, build: impl FnOnce() -> Result<Outcome<T>, i32>) {
-        let (Some(running), Some(c)) = (RUNNING.get_ptr_mut(tp.slot), Counts::this_cpu()) else {
+    fn run_copy<T>(
+        tp: &Tracepoint,
+        copy: u32,
+        sk: *const u8,
+        build: impl FnOnce() -> Result<Outcome<T>, i32>,
+    ) {
+        // SAFETY: a tp_btf `struct sock *` argument.
+        let held: i32 = unsafe { field(sk, offset!(sk_owned)) };
+        let context = tp.slot * 2 + u32::from(held == 0);
+        let (Some(last), Some(c)) = (LAST_COPY.get_ptr_mut(context), Counts::this_cpu()) else {
             return;
         };
-        let me = 1u32 << copy;
-        let below = me - 1;
-        // SAFETY: this CPU's slot. Runs nested inside this one clear their
-        // own bit before returning, so this read-modify-write loses nothing.
-        unsafe {
-            let before = *running;
-            *running = before | me;
-            if copy == 0 {
-                c.add_nestable(tp.first_copy_runs);
-            }
-            if before & below == below {
-                c.add_nestable(tp.seen);
-                match build() {
-                    Ok(Outcome::Emit(ev)) => {
-                        emit(&ev, |i| c.add_nestable(i), tp.emitted, tp.dropped)
-                    }
-                    Ok(Outcome::Filtered) => c.add_nestable(tp.filtered),
-                    Ok(Outcome::Summarized) => {
-                        if let Some(summarized) = tp.summarized {
-                            c.add_nestable(summarized)
-                        }
-                    }
-                    Err(_) => c.add_nestable(tp.read_errors),
+        if copy == 0 {
+            c.add_nestable(tp.first_copy_runs);
+        }
+        // SAFETY: this CPU's slot for this context, which no run nested in
+        // this one touches (see above).
+        let before = unsafe { core::mem::replace(&mut *last, copy + 1) };
+        if before != 0 && copy >= before {
+            return;
+        }
+        c.add_nestable(tp.seen);
+        match build() {
+            Ok(Outcome::Emit(ev)) => emit(&ev, |i| c.add_nestable(i), tp.emitted, tp.dropped),
+            Ok(Outcome::Filtered) => c.add_nestable(tp.filtered),
+            Ok(Outcome::Summarized) => {
+                if let Some(summarized) = tp.summarized {
+                    c.add_nestable(summarized)
                 }
             }
-            *running &= !me;
+            Err(_) => c.add_nestable(tp.read_errors),
         }
     }
 
@@ -727,7 +735,7 @@ mod programs {
         ($tracepoint:literal, $tp:expr, $build:ident, $($name:ident = $copy:literal),+) => {$(
             #[btf_tracepoint(function = $tracepoint)]
             pub fn $name(ctx: BtfTracePointContext) -> i32 {
-                run_copy(&$tp, $copy, || unsafe { $build(&ctx) });
+                run_copy(&$tp, $copy, ctx.arg(0), || unsafe { $build(&ctx) });
                 0
             }
         )+};

@@ -120,6 +120,7 @@ fn layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         ("tcp_sock", "srtt_us", 4),
         ("tcp_sock", "snd_cwnd", 4),
         ("tcp_sock", "rx_opt.ts_recent", 4),
+        ("sock", "sk_lock.owned", 4),
     ] {
         let got = btf.size_of_member(s, m)?;
         if got != size {
@@ -162,6 +163,7 @@ fn layout(btf: &Btf) -> Result<KernelLayout, BtfError> {
         tp_snd_nxt: tcp("snd_nxt")?,
         tp_rcv_nxt: tcp("rcv_nxt")?,
         tp_ts_recent: tcp("rx_opt.ts_recent")?,
+        sk_owned: btf.offset_of("sock", "sk_lock.owned")?,
         rtx_err: u32::from(retransmit_err(btf)),
     })
 }

@@ -179,8 +179,9 @@ impl Tracer {
             })?;
         fill_prefixes(&mut ebpf, &opts.filter)?;
 
-        // Copy i of each handles what the kernel skipped for copies 0..i (see
-        // tracer-ebpf); the first copy's misses are needed to count the rest.
+        // Attached in order (the kernel runs a tracepoint's programs in
+        // attach order): a later copy takes what the kernel skipped for an
+        // earlier one (see tracer-ebpf). The first copy's misses count all.
         let mut first_copies = Vec::new();
         for (tracepoint, base) in [
             ("tcp_probe", "tcp_probe"),
@@ -539,7 +540,7 @@ pub const PROGRAM_NAMES: [&str; 7] = [
     "tcp_rtx2",
 ];
 
-/// Copies of each tracepoint program (see tracer-ebpf's `RUNNING`).
+/// Copies of each tracepoint program (see tracer-ebpf's `LAST_COPY`).
 const TRACEPOINT_COPIES: usize = 3;
 
 /// IDs and names of programs with our names loaded in the kernel right now
@@ -569,7 +570,7 @@ pub struct Counters {
     /// The per-CPU `COUNTERS` map summed, indexed by [`tracer_common::counter`].
     pub map: [u64; counter::COUNT as usize],
     /// Runs the kernel skipped for the first copy of the tracepoint programs
-    /// ([`recursion_misses`]); later copies take most of them.
+    /// ([`recursion_misses`]); later copies take them.
     pub probe_first_copy_misses: u64,
     pub rtx_first_copy_misses: u64,
 }
