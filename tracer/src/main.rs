@@ -54,6 +54,31 @@ enum Command {
     /// upload through an emulated flow-director NIC, traced, checked against
     /// the lab's ground truth; everything removed at the end.
     Lab(LabArgs),
+    /// Inside a lab's sender guest: set its sysctls, upload, and print what
+    /// it did for the lab to read.
+    #[command(hide = true)]
+    LabSend(LabSendArgs),
+}
+
+#[derive(Args)]
+struct LabSendArgs {
+    #[arg(long)]
+    to: std::net::SocketAddr,
+    #[arg(long)]
+    flows: usize,
+    #[arg(long)]
+    bytes: u64,
+    #[arg(long)]
+    seconds: f64,
+    /// Bytes per second per flow.
+    #[arg(long)]
+    pacing: Option<u64>,
+    /// Stop sending once this file exists.
+    #[arg(long)]
+    stop_file: PathBuf,
+    /// KNOB=VALUE (dotted name), set before sending.
+    #[arg(long)]
+    sysctl: Vec<String>,
 }
 
 #[derive(Args)]
@@ -284,15 +309,6 @@ enum LabModeArg {
     Off,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum SenderArg {
-    /// This kernel's defaults (RACK-TLP).
-    Linux,
-    /// Fixed three-duplicate-ACK NewReno: tcp_sack=0, tcp_reordering=3,
-    /// tcp_max_reordering=3, tcp_early_retrans=0.
-    Classic,
-}
-
 #[derive(Args)]
 struct LabArgs {
     /// What the edge between client and server does.
@@ -310,10 +326,13 @@ struct LabArgs {
     /// hold:N:US (every Nth is held US microseconds).
     #[arg(long, default_value = "swap:50", value_parser = |s: &str| s.parse::<lab::Pattern>())]
     pattern: lab::Pattern,
-    /// The senders' loss detection: this kernel's (RACK-TLP) or a fixed
-    /// three-duplicate-ACK sender.
-    #[arg(long, value_enum, default_value_t = SenderArg::Linux)]
-    sender: SenderArg,
+    /// The senders, each sending --flows flows, side by side: host (this
+    /// kernel's TCP, RACK-TLP), newreno (this kernel without SACK), or a
+    /// Linux 6.1 guest of its own (user-mode-linux) set up as the replay's
+    /// policy: classic (RFC 6675, three duplicate ACKs, no timestamps),
+    /// linux-adaptive (RFC 6675, adaptive threshold), rack-tlp.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "host")]
+    sender: Vec<lab::Sender>,
     /// The client's TCP sends one segment per skb (gso_max_segs 1), so
     /// every segment has its own transmit time, as RFC 8985 (and the
     /// replay) assume. With GSO, Linux's RACK cannot tell apart segments of
@@ -332,7 +351,7 @@ struct LabArgs {
     /// CPU and arrival order; every table change) as JSON lines to FILE.
     #[arg(long, value_name = "FILE")]
     truth: Option<PathBuf>,
-    /// Parallel TCP connections.
+    /// Parallel TCP connections of each sender.
     #[arg(long, default_value_t = 4)]
     flows: usize,
     /// Bytes per connection (suffixes k, M, G). Default 128M; with
@@ -414,6 +433,16 @@ fn main() -> ExitCode {
         Command::Record(args) => record_cmd(args, false),
         Command::Live(args) => record_cmd(args, true),
         Command::Lab(args) => lab_cmd(args),
+        Command::LabSend(a) => lab::guest::send(&lab::guest::SendOrder {
+            to: a.to,
+            flows: a.flows,
+            bytes: a.bytes,
+            timeout: Duration::from_secs_f64(a.seconds),
+            pacing: a.pacing,
+            stop_file: a.stop_file,
+            sysctls: a.sysctl,
+        })
+        .map(|()| ExitCode::SUCCESS),
         Command::Analyze(args) => analyze_cmd(args, false),
         Command::Replay(args) => analyze_cmd(args, true),
     };
@@ -983,10 +1012,12 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let mut out = Outputs::open(&args.trace)?;
     let mut lab = lab::Lab::create(&lab::LabSpec {
         mode,
-        sender: match args.sender {
-            SenderArg::Linux => lab::Sender::Linux,
-            SenderArg::Classic => lab::Sender::Classic,
-        },
+        senders: args.sender.iter().fold(Vec::new(), |mut v, &s| {
+            if !v.contains(&s) {
+                v.push(s);
+            }
+            v
+        }),
         queues: args.queues,
         flows: args.flows,
         bytes_per_flow: bytes,
@@ -1048,9 +1079,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     // (Everything the lab made is gone while the view waits for `q`.)
     let outcome = screen.close(outcome)?;
     if let Ok(l) = &lab_outcome {
-        // The senders are this host's sockets: the replay uses their RTTs
-        // (the smoothed one as it was during the transfer).
-        for r in &l.flows {
+        // This host's senders' sockets: the replay uses their RTTs (the
+        // smoothed one as it was during the transfer). A guest's flows are
+        // replayed from what the receiver sees alone.
+        for r in l.flows.iter().filter(|r| !r.sender.in_guest()) {
             let srtt = if r.mean_srtt_us > 0 {
                 r.mean_srtt_us
             } else {

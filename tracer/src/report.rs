@@ -278,8 +278,8 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
         };
     }
     for r in &lab.flows {
-        let port = r.flow.src.port();
-        let _ = writeln!(out, "  {}", r.flow);
+        let (port, sender) = (r.flow.src.port(), r.sender);
+        let _ = writeln!(out, "  {} ({sender} sender)", r.flow);
         let _ = writeln!(
             out,
             "    sockets  sent {:.1} MB, received {:.1} MB; sender {} retransmissions, {} reordering events seen, {} DSACKed; receiver {} segments queued out of order",
@@ -319,9 +319,9 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
                     .collect();
                 let _ = writeln!(
                     out,
-                    "    replay   predicted spurious retransmissions: {}; the {:?} sender's DSACKed: {}",
+                    "    replay   predicted spurious retransmissions: {}; the {} sender's DSACKed: {}",
                     predicted.join(", "),
-                    lab.sender,
+                    sender,
                     r_dsack(&lab.flows, &src)
                 );
             }
@@ -346,10 +346,26 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
     };
     let _ = writeln!(
         out,
-        "  kernel     receiver {}; sender {}",
+        "  kernel     receiver {}; this host's senders {}",
         counters(&lab.receiver_counters),
         counters(&lab.sender_counters)
     );
+    for s in &lab.senders {
+        if let Some(g) = &s.guest {
+            let knobs: Vec<_> = g.sysctls.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let _ = writeln!(
+                out,
+                "  guest      {} sender: Linux {} ({}); {}",
+                s.kind,
+                g.release,
+                knobs.join(" "),
+                counters(&g.counters)
+            );
+            for e in &g.errors {
+                let _ = writeln!(out, "  guest      {} sender: a flow failed: {e}", s.kind);
+            }
+        }
+    }
     let a = &lab.sender_acks;
     let _ = writeln!(
         out,

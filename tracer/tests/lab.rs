@@ -104,6 +104,7 @@ fn assert_clean() {
         "{:?}",
         lab::lab_namespaces()
     );
+    assert!(guests_left().is_empty(), "guests left: {:?}", guests_left());
     let ours = || {
         let mut v = kernel::loaded_tracer_programs();
         v.extend(kernel::loaded_programs(&lab::EDGE_PROGRAM_NAMES));
@@ -817,9 +818,9 @@ fn the_replay_reads_the_real_senders_and_each_sender_keeps_its_settings() {
     let r = atr_until_late(
         "200",
         "4",
-        &[&base[..], &["--sender", "classic", "--classic-undo"]].concat(),
+        &[&base[..], &["--sender", "newreno", "--classic-undo"]].concat(),
     );
-    assert_eq!(r["lab"]["sender"], "classic");
+    assert_eq!(r["lab"]["senders"][0]["kind"], "newreno");
     for (_, _, s) in flows(&r) {
         assert!(
             u(&s["reordering"]) <= 3,
@@ -975,5 +976,188 @@ fn check_summary_atr(r: &Value, no_tcp_layer: bool) {
         // receiving socket read.
         assert_eq!(f["seq_advance_bytes"], sockets["received"]);
         assert_eq!(f["verdict"], "nic-steering", "{}", f["evidence"]);
+    }
+}
+
+/// Processes of a lab's sender guests (each carries `umid=tracer-lab-...`),
+/// and their directories.
+fn guests_left() -> Vec<String> {
+    let mut left = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if cmdline
+            .split(|&b| b == 0)
+            .any(|a| a.starts_with(b"umid=tracer-lab-"))
+        {
+            left.push(format!("process {}", e.file_name().to_string_lossy()));
+        }
+    }
+    for e in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        // (tracer-lab-<pid>-...: other tests' directories are named
+        // tracer-lab-<word>-...)
+        if name
+            .strip_prefix("tracer-lab-")
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        {
+            left.push(e.path().display().to_string());
+        }
+    }
+    left
+}
+
+/// Real senders of the replay's policies: three Linux 6.1 guests side by
+/// side through the ATR edge, until the edge has made 50 late segments in
+/// each of their flows. Each flow is labelled with its sender; each guest
+/// runs Linux 6.1 with its policy's sysctls (read back inside it); every
+/// byte sent is received, and every flow got its late segments. (What
+/// each guest retransmitted against what the tracer saw of it is printed:
+/// it has matched to the segment for classic and been one short for
+/// linux-adaptive with nothing dropped; not yet explained, so not held.)
+#[test]
+fn guest_senders_of_each_policy_run_their_policy_side_by_side() {
+    if !root_or_skip(
+        "guest_senders_of_each_policy_run_their_policy_side_by_side",
+    ) {
+        return;
+    }
+    let r = lab_json(&[
+        "--mode",
+        "atr",
+        "--rate",
+        "200",
+        "--sender",
+        "classic,linux-adaptive,rack-tlp",
+        "--flows",
+        "2",
+        "--until-late",
+        "50",
+        "--bytes",
+        "64M",
+        "--duration",
+        "60",
+    ]);
+    let policies: [(&str, &[(&str, &str)]); 3] = [
+        (
+            "classic",
+            &[
+                ("net.ipv4.tcp_recovery", "0"),
+                ("net.ipv4.tcp_reordering", "3"),
+                ("net.ipv4.tcp_max_reordering", "3"),
+                ("net.ipv4.tcp_timestamps", "0"),
+            ],
+        ),
+        (
+            "linux-adaptive",
+            &[
+                ("net.ipv4.tcp_recovery", "0"),
+                ("net.ipv4.tcp_max_reordering", "300"),
+            ],
+        ),
+        ("rack-tlp", &[("net.ipv4.tcp_recovery", "1")]),
+    ];
+    let lab = &r["lab"];
+    let drops = u(&lab["dropped_on_the_way"]) + u(&lab["dropped_before_the_edge"]);
+    for (kind, knobs) in policies {
+        let sender = lab["senders"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} sender in {}", lab["senders"]));
+        let guest = &sender["guest"];
+        assert!(
+            guest["release"].as_str().unwrap().starts_with("6.1."),
+            "{kind}: {}",
+            guest["release"]
+        );
+        for (knob, value) in knobs {
+            assert_eq!(guest["sysctls"][knob], *value, "{kind}: {knob}");
+        }
+        assert_eq!(guest["errors"].as_array().unwrap().len(), 0, "{guest}");
+        let ours: Vec<_> = flows(&r)
+            .into_iter()
+            .filter(|(_, _, s)| s["sender"] == kind)
+            .collect();
+        assert_eq!(ours.len(), 2, "{kind}'s flows");
+        let (mut seen, mut late_behind_own) = (0, 0);
+        for (f, t, s) in &ours {
+            assert_eq!(u(&s["received"]), u(&s["sent"]), "{kind}: {s}");
+            seen += u(&f["retransmissions"]) + u(&f["duplicates"]) + u(&f["partial_duplicates"]);
+            late_behind_own += u(&t["late_already_delivered"]);
+        }
+        let retransmitted = u(&guest["counters"]["TcpRetransSegs"]);
+        eprintln!(
+            "{kind}: retransmitted {retransmitted}, {late_behind_own} originals late behind their own; the tracer saw {seen} copies as retransmissions or duplicates ({drops} packets dropped on the way)"
+        );
+    }
+    assert_eq!(lab["until_late"]["reached"], true, "{}", lab["until_late"]);
+    assert_eq!(u(&lab["until_late"]["asked"]), 50);
+    assert_clean();
+}
+
+/// A guest sender goes with its lab: stopped by SIGINT (the report then
+/// has its flow), killed by the janitor on SIGKILL; no process or file of
+/// it is left either way.
+#[test]
+fn a_guest_sender_is_gone_after_sigint_and_sigkill() {
+    if !root_or_skip("a_guest_sender_is_gone_after_sigint_and_sigkill") {
+        return;
+    }
+    for sig in [libc::SIGINT, libc::SIGKILL] {
+        let mut child = Command::new(BIN)
+            .args([
+                "lab",
+                "--sender",
+                "rack-tlp",
+                "--flows",
+                "1",
+                "--bytes",
+                "1G",
+                "--duration",
+                "30",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Once a progress line counts the guest's flow, it is sending.
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).unwrap() > 0,
+                "the lab ended early"
+            );
+            let mut words = line.split_whitespace().skip_while(|w| *w != "flows");
+            if words
+                .nth(1)
+                .is_some_and(|n| n.parse::<u32>().is_ok_and(|n| n > 0))
+            {
+                break;
+            }
+        }
+        // (Drained, so the run never blocks on a full pipe.)
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+        // SAFETY: plain kill(2) on our child.
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let stdout = child.stdout.take().unwrap();
+        let status = child.wait().unwrap();
+        let report = std::io::read_to_string(stdout).unwrap();
+        if sig == libc::SIGINT {
+            assert_eq!(status.code(), Some(0), "{report}");
+            assert!(report.contains("(rack-tlp sender)"), "{report}");
+        }
+        let gone = Instant::now() + Duration::from_secs(5);
+        while !(guests_left().is_empty() && lab::lab_namespaces().is_empty()) {
+            assert!(
+                Instant::now() < gone,
+                "signal {sig}: left {:?} {:?}",
+                guests_left(),
+                lab::lab_namespaces()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }

@@ -106,6 +106,8 @@ const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// guests' `modprobe`) and `binutils` (`strip`).
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
+    // The lab's sender guests (Linux 6.1 as a process).
+    "user-mode-linux",
     "bpftool",
     "util-linux",
     "iptables",

@@ -302,7 +302,7 @@ const EXPERIMENTS: &[Experiment] = &[
             "--ring-mib",
             "64",
             "--sender",
-            "classic",
+            "newreno",
             "--classic-undo",
         ],
         statistics: &[Statistic {

@@ -1,5 +1,5 @@
-//! Removes a lab's namespaces when its process dies without doing so
-//! itself (SIGKILL, a crash). A child forked when the lab is made waits on
+//! Removes a lab's namespaces, and kills its sender guests, when its
+//! process dies without doing so itself (SIGKILL, a crash). A child forked when the lab is made waits on
 //! a pipe whose other end only the lab's process holds; when the pipe
 //! closes (the lab dropped, or its process gone), the child deletes the
 //! namespaces, which takes their links, programs and iptables rules with
@@ -20,13 +20,18 @@ pub struct Janitor {
 }
 
 impl Janitor {
-    pub fn spawn(namespaces: &[&str]) -> Result<Self> {
+    /// For the lab named `base` (its guests' names start with it).
+    pub fn spawn(base: &str, namespaces: &[&str]) -> Result<Self> {
         // Everything the child needs is made before fork: after it, in a
         // multithreaded process, the child may only make async-signal-safe
         // calls (no allocation).
-        let script: String = namespaces
-            .iter()
-            .map(|n| format!("ip netns delete {n} 2>/dev/null; "))
+        let guests = super::guest::leftovers_script(base);
+        let script: String = std::iter::once(guests)
+            .chain(
+                namespaces
+                    .iter()
+                    .map(|n| format!("ip netns delete {n} 2>/dev/null; ")),
+            )
             .collect();
         let c = |s: &str| CString::new(s).expect("no NUL");
         let (sh, dash_c, script, devnull) = (c("/bin/sh"), c("-c"), c(&script), c("/dev/null"));

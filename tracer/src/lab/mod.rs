@@ -22,6 +22,7 @@
 //! links, the programs attached to them and the iptables rules inside).
 
 mod edge;
+pub mod guest;
 mod janitor;
 mod pattern;
 mod sender_acks;
@@ -104,6 +105,9 @@ pub fn cleanup_leftovers() -> Vec<String> {
             .next()
             .and_then(|p| p.parse::<u32>().ok());
         let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        if let (false, Some(pid)) = (alive, pid) {
+            guest::kill_leftovers(&format!("{NS_PREFIX}{pid}-"));
+        }
         if !alive && ip(&["netns", "delete", &name]).is_ok() {
             removed.push(name);
         }
@@ -128,6 +132,8 @@ impl Default for TopologyOptions {
 /// and reorders whenever the sending thread moves between CPUs: use a
 /// [`Lab`] for a controlled path.
 pub struct Topology {
+    /// `tracer-lab-<pid>-<n>`: what everything of this lab is named after.
+    pub base: String,
     pub client_ns: String,
     pub edge_ns: String,
     pub server_ns: String,
@@ -154,9 +160,10 @@ impl Topology {
             format!("{base}-edge"),
             format!("{base}-server"),
         ];
-        let janitor = janitor::Janitor::spawn(&names.each_ref().map(String::as_str))?;
+        let janitor = janitor::Janitor::spawn(&base, &names.each_ref().map(String::as_str))?;
         let [client_ns, edge_ns, server_ns] = names;
         let topo = Topology {
+            base,
             client_ns,
             edge_ns,
             server_ns,
@@ -336,49 +343,98 @@ pub fn in_netns<T>(ns: &str, f: impl FnOnce() -> T) -> Result<T, SetupError> {
     Ok(f())
 }
 
-/// The loss detection of the lab's senders (sysctls in the client's
-/// namespace).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+/// A lab sender: whose TCP, with which loss detection. `Host` and
+/// `Newreno` are this kernel's TCP in the client's namespace; the others
+/// are Linux 6.1 guests (see [`guest`]), whose TCP still has RFC 6675 SACK
+/// recovery. All run CUBIC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
 pub enum Sender {
     /// This kernel's defaults: RACK-TLP (tcp_recovery=1), adaptive
     /// reordering threshold.
     #[default]
-    Linux,
-    /// A fixed three-duplicate-ACK sender. Linux 6.17 removed its RFC 6675
-    /// SACK recovery (`tcp_recovery=0` now leaves RACK on), so: no SACK
-    /// (`tcp_sack=0`: RFC 6582 NewReno, three duplicate ACKs), a threshold
-    /// that never adapts (`tcp_reordering=3`, `tcp_max_reordering=3`) and no
+    Host,
+    /// This kernel without SACK (Linux 6.17 removed RFC 6675 recovery):
+    /// RFC 6582 NewReno, three duplicate ACKs (`tcp_sack=0`), a threshold
+    /// that never adapts (`tcp_reordering=3`, `tcp_max_reordering=3`), no
     /// tail loss probes (`tcp_early_retrans=0`). Without SACK there is no
     /// DSACK: its spurious retransmissions are the duplicates the receiver
     /// counts (`DelayedACKLost`).
+    Newreno,
+    /// A pre-RACK sender (as Windows before RACK; it sends no timestamps):
+    /// RFC 6675 SACK recovery at three duplicate ACKs (`tcp_recovery=0`,
+    /// `tcp_reordering=3`, `tcp_max_reordering=3`), no timestamps (so no
+    /// Eifel undo), no F-RTO (`tcp_frto=0`), no tail loss probes. Linux has
+    /// no switch for DSACK-based undo: it stays, but cannot raise the
+    /// threshold past 3.
     Classic,
+    /// Linux's RFC 6675 recovery with its adaptive threshold
+    /// (`tcp_recovery=0`, `tcp_max_reordering=300`), timestamps on.
+    LinuxAdaptive,
+    /// RFC 8985 RACK-TLP (`tcp_recovery=1`), timestamps on.
+    RackTlp,
 }
 
 impl Sender {
-    const CLASSIC: [(&'static str, &'static str); 4] = [
-        ("/proc/sys/net/ipv4/tcp_sack", "0"),
-        ("/proc/sys/net/ipv4/tcp_reordering", "3"),
-        ("/proc/sys/net/ipv4/tcp_max_reordering", "3"),
-        ("/proc/sys/net/ipv4/tcp_early_retrans", "0"),
-    ];
+    /// Whether it runs in a guest of its own.
+    pub fn in_guest(self) -> bool {
+        !matches!(self, Sender::Host | Sender::Newreno)
+    }
 
-    /// Configures the calling thread's namespace.
+    /// The sysctls that make the policy.
+    pub fn knobs(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Sender::Host => &[],
+            Sender::Newreno => &[
+                ("net.ipv4.tcp_sack", "0"),
+                ("net.ipv4.tcp_reordering", "3"),
+                ("net.ipv4.tcp_max_reordering", "3"),
+                ("net.ipv4.tcp_early_retrans", "0"),
+            ],
+            Sender::Classic => &[
+                ("net.ipv4.tcp_recovery", "0"),
+                ("net.ipv4.tcp_reordering", "3"),
+                ("net.ipv4.tcp_max_reordering", "3"),
+                ("net.ipv4.tcp_timestamps", "0"),
+                ("net.ipv4.tcp_frto", "0"),
+                ("net.ipv4.tcp_early_retrans", "0"),
+            ],
+            Sender::LinuxAdaptive => &[
+                ("net.ipv4.tcp_recovery", "0"),
+                ("net.ipv4.tcp_max_reordering", "300"),
+            ],
+            Sender::RackTlp => &[("net.ipv4.tcp_recovery", "1")],
+        }
+    }
+
+    /// Configures the calling thread's namespace (a host sender).
     fn apply(self) -> Result<()> {
-        if self == Sender::Classic {
-            for (knob, value) in Self::CLASSIC {
-                std::fs::write(knob, value).with_context(|| format!("writing {knob}"))?;
-            }
+        for (knob, value) in self.knobs() {
+            write_sysctl(knob, value)?;
         }
         Ok(())
     }
+}
+
+impl std::fmt::Display for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = clap::ValueEnum::to_possible_value(self).expect("no skipped kinds");
+        f.write_str(v.get_name())
+    }
+}
+
+/// Writes sysctl `knob` (dotted) in the calling thread's namespace.
+pub fn write_sysctl(knob: &str, value: &str) -> Result<()> {
+    let path = format!("/proc/sys/{}", knob.replace('.', "/"));
+    std::fs::write(&path, value).with_context(|| format!("writing {path}"))
 }
 
 /// One lab run: what to build and what to send.
 #[derive(Clone, Debug)]
 pub struct LabSpec {
     pub mode: Mode,
-    pub sender: Sender,
+    /// Each sends `flows` flows.
+    pub senders: Vec<Sender>,
     pub queues: u32,
     pub flows: usize,
     pub bytes_per_flow: u64,
@@ -409,7 +465,7 @@ impl LabSpec {
     pub fn new(mode: Mode, queues: u32) -> Self {
         Self {
             mode,
-            sender: Sender::Linux,
+            senders: vec![Sender::Host],
             queues,
             flows: 1,
             bytes_per_flow: 1 << 20,
@@ -440,7 +496,7 @@ pub struct Lab {
 /// What the lab itself saw: the sockets, the edge, the kernels' counters.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct LabOutcome {
-    pub sender: Sender,
+    pub senders: Vec<SenderReport>,
     pub flows: Vec<FlowResult>,
     pub edge: EdgeReport,
     /// The server's and the client's TcpExt counters (`nstat`).
@@ -456,6 +512,19 @@ pub struct LabOutcome {
     /// server's RX drops), as `ip -s link` counts them: what left the edge
     /// and never reached the tracer.
     pub dropped_on_the_way: u64,
+    /// Packets dropped between the senders and the edge: the client's
+    /// veth TX drops and the guests' taps' RX drops (`ip -s link`).
+    pub dropped_before_the_edge: u64,
+}
+
+/// One sender: its kind and, for a guest, its kernel, its sysctls as it
+/// read them back and its own TCP counters (the host's are
+/// `sender_counters`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct SenderReport {
+    pub kind: Sender,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub guest: Option<guest::GuestReport>,
 }
 
 /// How a run asked to go on until enough late segments ended.
@@ -475,7 +544,30 @@ impl Lab {
         let topo = Topology::create(&TopologyOptions {
             queues: spec.queues,
         })?;
-        in_netns(&topo.client_ns, || spec.sender.apply())??;
+        let host = spec.senders.iter().filter(|s| !s.in_guest()).count();
+        if host > 1 {
+            return Err(SetupError::BadArgument(
+                "--sender: host and newreno are both this kernel's TCP in one namespace: give one of them".into(),
+            )
+            .into());
+        }
+        if spec.ipv6 && spec.senders.iter().any(|s| s.in_guest()) {
+            return Err(SetupError::BadArgument(
+                "--sender: the guest senders (classic, linux-adaptive, rack-tlp) are IPv4 only: drop --ipv6".into(),
+            )
+            .into());
+        }
+        in_netns(&topo.client_ns, || -> Result<()> {
+            for s in spec.senders.iter().filter(|s| !s.in_guest()) {
+                s.apply()?;
+            }
+            // The guests' subnets: forwarded, their ports kept apart.
+            write_sysctl("net.ipv4.ip_forward", "1")?;
+            write_sysctl("net.ipv4.ip_local_port_range", &guest::host_port_range())
+        })??;
+        if spec.senders.iter().any(|s| s.in_guest()) {
+            guest::route_guests(&topo)?;
+        }
         if !spec.sender_gso {
             ip(&[
                 "-n",
@@ -492,7 +584,7 @@ impl Lab {
         let until = spec.until_late.map(|late| {
             let until = Until {
                 late,
-                flows: spec.flows,
+                flows: spec.flows * spec.senders.len(),
             };
             (until, enough.clone())
         });
@@ -522,6 +614,7 @@ impl Lab {
                 pacing: self.spec.pacing,
             },
             self.enough.clone(),
+            &self.spec.senders,
         )?);
         Ok(())
     }
@@ -534,13 +627,25 @@ impl Lab {
     /// Stops the upload and the edge and collects what they saw; the
     /// namespaces go when `self` does.
     pub fn finish(&mut self) -> Result<LabOutcome> {
-        let flows = match self.upload.take() {
+        let (flows, mut guests) = match self.upload.take() {
             Some(u) => {
                 u.stop();
-                u.join()?
+                u.join_all()?
             }
-            None => Vec::new(),
+            None => Default::default(),
         };
+        let senders = self
+            .spec
+            .senders
+            .iter()
+            .map(|&kind| SenderReport {
+                kind,
+                guest: guests
+                    .iter()
+                    .position(|(k, _)| *k == kind)
+                    .map(|i| guests.swap_remove(i).1),
+            })
+            .collect();
         let edge = self
             .edge
             .take()
@@ -558,8 +663,15 @@ impl Lab {
         })?;
         let dropped_on_the_way = link_dropped(&self.topo.edge_ns, EDGE_SERVER_IF, "tx")?
             + link_dropped(&self.topo.server_ns, SERVER_IF, "rx")?;
+        let mut dropped_before_the_edge = link_dropped(&self.topo.client_ns, CLIENT_IF, "tx")?;
+        for index in 0..self.spec.senders.iter().filter(|s| s.in_guest()).count() {
+            dropped_before_the_edge +=
+                link_dropped(&self.topo.client_ns, &guest::tap(index), "rx")?;
+        }
         let until_late = self.spec.until_late.map(|asked| {
-            let fewest = edge.truth.fewest_late(self.spec.flows);
+            let fewest = edge
+                .truth
+                .fewest_late(self.spec.flows * self.spec.senders.len());
             UntilLate {
                 asked,
                 fewest,
@@ -567,7 +679,7 @@ impl Lab {
             }
         });
         Ok(LabOutcome {
-            sender: self.spec.sender,
+            senders,
             flows,
             edge,
             receiver_counters,
@@ -575,6 +687,7 @@ impl Lab {
             sender_acks,
             until_late,
             dropped_on_the_way,
+            dropped_before_the_edge,
         })
     }
 }

@@ -16,7 +16,10 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{in_netns, Topology};
+use super::{
+    guest::{Guest, GuestReport},
+    in_netns, Sender, Topology,
+};
 use crate::source::Flow;
 
 #[derive(Clone, Debug)]
@@ -36,6 +39,8 @@ pub struct UploadSpec {
 pub struct FlowResult {
     /// Client -> server.
     pub flow: Flow,
+    /// Whose TCP sent it.
+    pub sender: Sender,
     pub sent: u64,
     pub received: u64,
     /// The sender's `tcpi_total_retrans` (segments) and `tcpi_bytes_retrans`.
@@ -60,14 +65,26 @@ pub struct FlowResult {
     pub mean_srtt_us: u32,
 }
 
+/// What each guest sender reported.
+pub type GuestReports = Vec<(Sender, GuestReport)>;
+
 /// One accepted connection: peer, bytes read, the socket's tcp_info.
 type Received = (SocketAddr, u64, Option<libc::tcp_info>);
 
-struct Sent {
-    local: SocketAddr,
-    sent: u64,
-    info: Option<libc::tcp_info>,
-    mean_srtt_us: u32,
+/// What a sending socket says it did (its `tcp_info` at the end): made in
+/// this process, or in a sender guest, which prints it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Sent {
+    pub local: SocketAddr,
+    pub sent: u64,
+    pub retransmits: u32,
+    pub bytes_retrans: u64,
+    pub reord_seen: u32,
+    pub dsack_dups: u32,
+    pub srtt_us: u32,
+    pub min_rtt_us: u32,
+    pub reordering: u32,
+    pub mean_srtt_us: u32,
 }
 
 /// A running upload: client threads write, server threads read and count.
@@ -75,6 +92,10 @@ pub struct Upload {
     stop: Arc<AtomicBool>,
     remaining: Arc<AtomicUsize>,
     senders: Vec<JoinHandle<Result<Sent>>>,
+    /// The host's senders' kind (this kernel's TCP).
+    host: Sender,
+    /// Senders in guests, each its own kernel.
+    guests: Vec<Guest>,
     server: Option<JoinHandle<Vec<Received>>>,
     server_addr: SocketAddr,
 }
@@ -84,67 +105,114 @@ const POLL: Duration = Duration::from_millis(100);
 
 impl Upload {
     pub fn start(topo: &Topology, spec: &UploadSpec) -> Result<Self> {
-        Self::start_until(topo, spec, Arc::default())
+        Self::start_until(topo, spec, Arc::default(), &[Sender::Host])
     }
 
-    /// The same, but the senders also stop once `enough` is set: each
-    /// finishes its write, closes, and waits for the server to have read
-    /// everything it sent (so received still equals sent).
+    /// The same from each of `senders` (`spec.flows` flows each), but the
+    /// senders also stop once `enough` is set: each finishes its write,
+    /// closes, and waits for the server to have read everything it sent
+    /// (so received still equals sent).
     pub fn start_until(
         topo: &Topology,
         spec: &UploadSpec,
         enough: Arc<AtomicBool>,
+        senders: &[Sender],
     ) -> Result<Self> {
         let server_addr = SocketAddr::new(topo.server_addr(spec.ipv6), spec.port);
         let deadline = Instant::now() + spec.timeout;
         let stop = Arc::new(AtomicBool::new(false));
-        let remaining = Arc::new(AtomicUsize::new(spec.flows));
+        let host = senders.iter().copied().find(|s| !s.in_guest());
+        let host_flows = if host.is_some() { spec.flows } else { 0 };
+        let remaining = Arc::new(AtomicUsize::new(host_flows));
 
         let listener = in_netns(&topo.server_ns, || TcpListener::bind(server_addr))?
             .with_context(|| format!("binding the lab server to {server_addr}"))?;
         listener.set_nonblocking(true)?;
         let server = {
-            let (stop, flows) = (stop.clone(), spec.flows);
+            let (stop, flows) = (stop.clone(), spec.flows * senders.len());
             std::thread::spawn(move || serve(listener, flows, deadline, &stop))
         };
 
-        let mut senders = Vec::new();
-        for _ in 0..spec.flows {
+        let mut upload = Self {
+            stop: stop.clone(),
+            remaining: remaining.clone(),
+            senders: Vec::new(),
+            host: host.unwrap_or_default(),
+            guests: Vec::new(),
+            server: Some(server),
+            server_addr,
+        };
+        for (index, &kind) in senders.iter().filter(|s| s.in_guest()).enumerate() {
+            upload
+                .guests
+                .push(Guest::start(topo, kind, index, spec, server_addr)?);
+        }
+        for _ in 0..host_flows {
             let (stop, remaining, enough) = (stop.clone(), remaining.clone(), enough.clone());
             let (ns, bytes, pacing) = (topo.client_ns.clone(), spec.bytes_per_flow, spec.pacing);
-            senders.push(std::thread::spawn(move || {
-                let r = send(&ns, server_addr, bytes, pacing, deadline, &stop, &enough);
+            upload.senders.push(std::thread::spawn(move || {
+                let r = send(
+                    Some(&ns),
+                    server_addr,
+                    bytes,
+                    pacing,
+                    deadline,
+                    &stop,
+                    &enough,
+                );
                 remaining.fetch_sub(1, Ordering::SeqCst);
                 r
             }));
         }
-        Ok(Self {
-            stop,
-            remaining,
-            senders,
-            server: Some(server),
-            server_addr,
-        })
+        // The guests hear of `enough` through their stop files.
+        if !upload.guests.is_empty() {
+            let stops: Vec<_> = upload.guests.iter().map(Guest::stop_file).collect();
+            std::thread::spawn(move || {
+                while !expired(deadline, &stop) && !enough.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                for f in stops {
+                    let _ = std::fs::write(f, b"");
+                }
+            });
+        }
+        Ok(upload)
     }
 
     /// All senders are done (finished, failed or stopped).
     pub fn finished(&self) -> bool {
-        self.remaining.load(Ordering::SeqCst) == 0
+        self.remaining.load(Ordering::SeqCst) == 0 && self.guests.iter().all(Guest::exited)
     }
 
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
+        for g in &self.guests {
+            g.stop();
+        }
     }
 
-    /// Waits for every thread; the per-flow results, by client address.
-    pub fn join(mut self) -> Result<Vec<FlowResult>> {
+    /// Waits for every thread and guest; the per-flow results.
+    pub fn join(self) -> Result<Vec<FlowResult>> {
+        Ok(self.join_all()?.0)
+    }
+
+    /// The same, and what each guest sender reported.
+    pub fn join_all(mut self) -> Result<(Vec<FlowResult>, GuestReports)> {
         let senders = std::mem::take(&mut self.senders);
         let mut sent = Vec::new();
         for h in senders {
-            sent.push(
+            sent.push((
+                self.host,
                 h.join()
                     .map_err(|_| anyhow::anyhow!("lab sender panicked"))??,
-            );
+            ));
+        }
+        let mut guests = Vec::new();
+        for g in std::mem::take(&mut self.guests) {
+            let kind = g.kind;
+            let report = g.join()?;
+            sent.extend(report.flows.iter().map(|s| (kind, s.clone())));
+            guests.push((kind, report));
         }
         // Senders are done; the server only waits for stragglers now.
         let received = self
@@ -153,9 +221,9 @@ impl Upload {
             .expect("joined once")
             .join()
             .map_err(|_| anyhow::anyhow!("lab server panicked"))?;
-        Ok(sent
+        let flows = sent
             .into_iter()
-            .map(|s| {
+            .map(|(sender, s)| {
                 let (bytes, rx_info) = received
                     .iter()
                     .find(|(peer, _, _)| *peer == s.local)
@@ -165,20 +233,22 @@ impl Upload {
                         src: s.local,
                         dst: self.server_addr,
                     },
+                    sender,
                     sent: s.sent,
                     received: bytes,
-                    retransmits: s.info.map_or(0, |i| i.tcpi_total_retrans),
-                    bytes_retrans: s.info.map_or(0, |i| i.tcpi_bytes_retrans),
-                    reord_seen: s.info.map_or(0, |i| i.tcpi_reord_seen),
-                    dsack_dups: s.info.map_or(0, |i| i.tcpi_dsack_dups),
+                    retransmits: s.retransmits,
+                    bytes_retrans: s.bytes_retrans,
+                    reord_seen: s.reord_seen,
+                    dsack_dups: s.dsack_dups,
                     rcv_ooopack: rx_info.map_or(0, |i| i.tcpi_rcv_ooopack),
-                    srtt_us: s.info.map_or(0, |i| i.tcpi_rtt),
-                    min_rtt_us: s.info.map_or(0, |i| i.tcpi_min_rtt),
-                    reordering: s.info.map_or(0, |i| i.tcpi_reordering),
+                    srtt_us: s.srtt_us,
+                    min_rtt_us: s.min_rtt_us,
+                    reordering: s.reordering,
                     mean_srtt_us: s.mean_srtt_us,
                 }
             })
-            .collect())
+            .collect();
+        Ok((flows, guests))
     }
 }
 
@@ -304,8 +374,10 @@ fn connect(to: SocketAddr) -> Result<TcpStream> {
     Ok(socket.into())
 }
 
+/// One flow: connects (from namespace `ns`, or this one), writes `bytes`
+/// and waits for the server to have read them.
 fn send(
-    ns: &str,
+    ns: Option<&str>,
     to: SocketAddr,
     bytes: u64,
     pacing: Option<u64>,
@@ -313,7 +385,10 @@ fn send(
     stop: &AtomicBool,
     enough: &AtomicBool,
 ) -> Result<Sent> {
-    let mut stream = in_netns(ns, || connect(to))??;
+    let mut stream = match ns {
+        Some(ns) => in_netns(ns, || connect(to))??,
+        None => connect(to)?,
+    };
     stream.set_write_timeout(Some(POLL))?;
     stream.set_read_timeout(Some(POLL))?;
     if let Some(rate) = pacing {
@@ -353,12 +428,46 @@ fn send(
             Err(_) => break,
         }
     }
+    let info = tcp_info(&stream).ok();
     Ok(Sent {
         local,
         sent,
-        info: tcp_info(&stream).ok(),
+        retransmits: info.map_or(0, |i| i.tcpi_total_retrans),
+        bytes_retrans: info.map_or(0, |i| i.tcpi_bytes_retrans),
+        reord_seen: info.map_or(0, |i| i.tcpi_reord_seen),
+        dsack_dups: info.map_or(0, |i| i.tcpi_dsack_dups),
+        srtt_us: info.map_or(0, |i| i.tcpi_rtt),
+        min_rtt_us: info.map_or(0, |i| i.tcpi_min_rtt),
+        reordering: info.map_or(0, |i| i.tcpi_reordering),
         mean_srtt_us: srtt.0.checked_div(srtt.1).unwrap_or(0) as u32,
     })
+}
+
+/// A guest sender's upload (`tracer lab-send`, inside the guest): `flows`
+/// flows from this namespace to `to`, until `bytes` each, `deadline`, or
+/// `enough`. What each socket did, or why it failed.
+pub fn send_here(
+    to: SocketAddr,
+    flows: usize,
+    bytes: u64,
+    pacing: Option<u64>,
+    deadline: Instant,
+    enough: Arc<AtomicBool>,
+) -> Vec<Result<Sent>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = (0..flows)
+        .map(|_| {
+            let (stop, enough) = (stop.clone(), enough.clone());
+            std::thread::spawn(move || send(None, to, bytes, pacing, deadline, &stop, &enough))
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("sender panicked")))
+        })
+        .collect()
 }
 
 /// The kernel's `struct tcp_info` for a socket.
