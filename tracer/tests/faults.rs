@@ -67,13 +67,18 @@ fn analyzed_segments(file: &Path) -> u64 {
 }
 
 fn scrape(addr: &str, metric: &str) -> f64 {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    try_scrape(addr, metric).unwrap_or_else(|e| panic!("scraping {addr}: {e}"))
+}
+
+fn try_scrape(addr: &str, metric: &str) -> std::io::Result<f64> {
+    let mut s = TcpStream::connect(addr)?;
+    write!(s, "GET /metrics HTTP/1.1\r\n\r\n")?;
     let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body.lines()
+    s.read_to_string(&mut body)?;
+    Ok(body
+        .lines()
         .find_map(|l| l.strip_prefix(metric).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("no {metric}"))
+        .unwrap_or_else(|| panic!("no {metric}")))
 }
 
 /// Segment packets in our trace, and the kernel's counters in its last
@@ -172,10 +177,20 @@ fn scraped_once_counted(addr: &str, metric: &str) -> f64 {
 
 /// Waits until the tracer serving metrics at `addr` has traced at least
 /// `n` segments (a minute at most): a run stopped then has that much to
-/// report, however fast this host is.
-fn traced_at_least(addr: &str, n: f64) {
+/// report, however fast this host is. A scrape that fails says what the
+/// tracer said (`rx`: its stderr).
+fn traced_at_least(addr: &str, n: f64, rx: &mpsc::Receiver<String>) {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while scrape(addr, "tracer_segments_total") < n {
+    loop {
+        match try_scrape(addr, "tracer_segments_total") {
+            Ok(v) if v >= n => return,
+            Ok(_) => {}
+            Err(e) => {
+                std::thread::sleep(Duration::from_millis(500));
+                let said: Vec<String> = rx.try_iter().collect();
+                panic!("scraping {addr}: {e}; the tracer said: {said:?}");
+            }
+        }
         assert!(Instant::now() < deadline, "never traced {n} segments");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -388,7 +403,7 @@ fn lab_running(extra: &[&str]) -> Child {
     ];
     args.extend(extra);
     let (child, rx) = spawn_tracer(&args);
-    traced_at_least(&metrics_addr(&rx), 10_000.0);
+    traced_at_least(&metrics_addr(&rx), 10_000.0, &rx);
     child
 }
 
@@ -478,7 +493,7 @@ fn traced_upload_into(lab: &mut Lab, cmd: &str, file: &Path) -> (Child, mpsc::Re
     let addr = metrics_addr(&rx);
     said(&rx, "tracing TCP received on");
     lab.start_upload().unwrap();
-    traced_at_least(&addr, 10_000.0);
+    traced_at_least(&addr, 10_000.0, &rx);
     (child, rx)
 }
 

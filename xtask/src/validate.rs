@@ -181,6 +181,79 @@ fn rack_goodput_vs_real(r: &Value) -> Option<f64> {
     )
 }
 
+/// Σ predicted / Σ real over the flows of sender `kind`, the prediction
+/// made for the policy of the same name.
+fn policy_vs_real(
+    r: &Value,
+    kind: &str,
+    predicted: &str,
+    real: impl Fn(&Value, &Value) -> f64,
+) -> Option<f64> {
+    let (mut a, mut b) = (0.0, 0.0);
+    for (f, _, s) in flows(r).into_iter().filter(|(_, _, s)| s["sender"] == kind) {
+        a += n(&policy(f, kind)[predicted]);
+        b += real(f, s);
+    }
+    (b > 0.0).then_some(a / b)
+}
+
+/// A flow's goodput as the receiver saw it: its bytes over its time.
+fn real_goodput(f: &Value, _: &Value) -> f64 {
+    let secs = n(&f["duration_s"]);
+    if secs > 0.0 {
+        n(&f["seq_advance_bytes"]) * 8.0 / secs
+    } else {
+        0.0
+    }
+}
+
+/// The sender's retransmissions the receiver reported as duplicates.
+fn real_spurious(_: &Value, s: &Value) -> f64 {
+    n(&s["dsack_dups"])
+}
+
+/// One statistic per (guest policy, spurious retransmissions | goodput).
+macro_rules! guest_statistics {
+    ($($kind:literal => $spurious:ident, $goodput:ident;)+) => {
+        $(
+            fn $spurious(r: &Value) -> Option<f64> {
+                policy_vs_real(r, $kind, "spurious_retransmissions", real_spurious)
+            }
+            fn $goodput(r: &Value) -> Option<f64> {
+                policy_vs_real(r, $kind, "estimated_goodput_bps", real_goodput)
+            }
+        )+
+        const GUEST_STATISTICS: &[Statistic] = &[$(
+            Statistic {
+                name: concat!($kind, " predicted / its real sender's DSACKed"),
+                figure: $spurious,
+                band: Some((0.7, 1.3)),
+                why: "issue 16's target: spurious retransmissions within 30% of a real sender of the policy",
+            },
+            Statistic {
+                name: concat!($kind, " estimated goodput / its real sender's"),
+                figure: $goodput,
+                band: Some((0.75, 1.25)),
+                why: "issue 16's target: goodput within 25% of a real sender of the policy",
+            },
+        )+];
+    };
+}
+
+guest_statistics! {
+    "classic" => classic_spurious, classic_goodput;
+    "linux-adaptive" => adaptive_spurious, adaptive_goodput;
+    "rack-tlp" => rack_spurious, rack_goodput;
+}
+
+/// Real senders of each policy side by side (Linux 6.1 guests).
+const GUESTS: &[&str] = &[
+    "--sender",
+    "classic,linux-adaptive,rack-tlp",
+    "--ring-mib",
+    "64",
+];
+
 const FOUND: Statistic = Statistic {
     name: "late segments found (reordered + ambiguous) / edge late",
     figure: found_share,
@@ -292,6 +365,20 @@ const EXPERIMENTS: &[Experiment] = &[
         flows: "4",
         extra: SENDERS,
         statistics: &[RACK, RACK_GOODPUT],
+    },
+    Experiment {
+        name: "guest senders of each policy at 50/s, 2 flows each",
+        rate: "50",
+        flows: "2",
+        extra: GUESTS,
+        statistics: GUEST_STATISTICS,
+    },
+    Experiment {
+        name: "guest senders of each policy at 200/s, 2 flows each",
+        rate: "200",
+        flows: "2",
+        extra: GUESTS,
+        statistics: GUEST_STATISTICS,
     },
     Experiment {
         name: "classic (NewReno) senders at 200/s, 4 flows",
