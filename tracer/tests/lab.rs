@@ -1016,9 +1016,7 @@ fn guests_left() -> Vec<String> {
 /// linux-adaptive with nothing dropped; not yet explained, so not held.)
 #[test]
 fn guest_senders_of_each_policy_run_their_policy_side_by_side() {
-    if !root_or_skip(
-        "guest_senders_of_each_policy_run_their_policy_side_by_side",
-    ) {
+    if !root_or_skip("guest_senders_of_each_policy_run_their_policy_side_by_side") {
         return;
     }
     let r = lab_json(&[
