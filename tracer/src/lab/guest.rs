@@ -455,23 +455,5 @@ fn counters() -> BTreeMap<String, u64> {
         "TcpExtTCPSACKReorder",
         "TcpExtTCPTSReorder",
     ];
-    let mut out = BTreeMap::new();
-    for file in ["/proc/net/snmp", "/proc/net/netstat"] {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        let mut lines = text.lines();
-        while let (Some(keys), Some(values)) = (lines.next(), lines.next()) {
-            let (Some((group, keys)), Some((_, values))) =
-                (keys.split_once(": "), values.split_once(": "))
-            else {
-                continue;
-            };
-            for (k, v) in keys.split_whitespace().zip(values.split_whitespace()) {
-                let name = format!("{group}{k}");
-                if NAMES.contains(&name.as_str()) {
-                    out.insert(name, v.parse().unwrap_or(0));
-                }
-            }
-        }
-    }
-    out
+    super::truth::nstat(NAMES)
 }

@@ -178,18 +178,30 @@ impl<'a> TruthRecord<'a> {
 /// The TcpExt counters (`nstat`'s source) of the calling thread's network
 /// namespace, for the given names.
 pub fn tcp_ext(names: &[&str]) -> BTreeMap<String, u64> {
-    let text = std::fs::read_to_string("/proc/thread-self/net/netstat").unwrap_or_default();
-    let mut lines = text.lines();
+    let full: Vec<String> = names.iter().map(|n| format!("TcpExt{n}")).collect();
+    nstat(&full.iter().map(String::as_str).collect::<Vec<_>>())
+}
+
+/// Counters of the calling thread's network namespace by their `nstat`
+/// names (group and key: `TcpRetransSegs`, `TcpExtPAWSEstab`), from
+/// `/proc/net/snmp` and `/proc/net/netstat`.
+pub fn nstat(names: &[&str]) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
-    while let (Some(keys), Some(values)) = (lines.next(), lines.next()) {
-        let (Some(("TcpExt", keys)), Some(("TcpExt", values))) =
-            (keys.split_once(": "), values.split_once(": "))
-        else {
-            continue;
-        };
-        for (k, v) in keys.split_whitespace().zip(values.split_whitespace()) {
-            if names.contains(&k) {
-                out.insert(format!("TcpExt{k}"), v.parse().unwrap_or(0));
+    for file in ["snmp", "netstat"] {
+        let text =
+            std::fs::read_to_string(format!("/proc/thread-self/net/{file}")).unwrap_or_default();
+        let mut lines = text.lines();
+        while let (Some(keys), Some(values)) = (lines.next(), lines.next()) {
+            let (Some((group, keys)), Some((_, values))) =
+                (keys.split_once(": "), values.split_once(": "))
+            else {
+                continue;
+            };
+            for (k, v) in keys.split_whitespace().zip(values.split_whitespace()) {
+                let name = format!("{group}{k}");
+                if names.contains(&name.as_str()) {
+                    out.insert(name, v.parse().unwrap_or(0));
+                }
             }
         }
     }
