@@ -110,6 +110,7 @@ fn upload(attached: Attached) -> Run {
         ipv6: false,
         timeout: Duration::from_secs(10),
         pacing: None,
+        sysctls: Vec::new(),
     };
     let start = Instant::now();
     let up = Upload::start(&lab.topo, &spec).expect("upload");

@@ -317,7 +317,16 @@ struct LabArgs {
     /// ATR: table re-points per second per flow (each moves the flow to
     /// another queue and CPU).
     #[arg(long, value_name = "HZ", default_value_t = 50.0)]
-    rate: f64,
+    repoints: f64,
+    /// A WAN between the senders and the edge: its round trip, 1 to 200
+    /// milliseconds (the server's packets held that long on the way back).
+    #[arg(long, value_name = "MS")]
+    rtt: Option<f64>,
+    /// A bottleneck between the senders and the edge: MBIT Mbit/s of
+    /// Ethernet frames, 1 to 10000, with a queue of one bandwidth-delay
+    /// product (drops counted).
+    #[arg(long, value_name = "MBIT")]
+    rate: Option<u32>,
     /// ATR: packets each CPU's queue holds (how much can wait on the old
     /// path when a flow moves).
     #[arg(long, value_name = "PACKETS", default_value_t = 256)]
@@ -960,10 +969,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     }
     let mode = match args.mode {
         LabModeArg::Atr => {
-            if !(args.rate > 0.0 && args.rate <= 10_000.0) {
+            if !(args.repoints > 0.0 && args.repoints <= 10_000.0) {
                 return Err(SetupError::BadArgument(format!(
-                    "--rate {}: give 0 to 10000 re-points per second",
-                    args.rate
+                    "--repoints {}: give 0 to 10000 re-points per second",
+                    args.repoints
                 ))
                 .into());
             }
@@ -975,7 +984,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
                 .into());
             }
             lab::Mode::Atr {
-                rate: args.rate,
+                rate: args.repoints,
                 qsize: args.qsize,
             }
         }
@@ -992,6 +1001,22 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             .into());
         }
     }
+    if let Some(rtt) = args.rtt.filter(|r| !(1.0..=200.0).contains(r)) {
+        return Err(SetupError::BadArgument(format!(
+            "--rtt {rtt}: give a round trip of 1 to 200 milliseconds"
+        ))
+        .into());
+    }
+    if let Some(rate) = args.rate.filter(|r| !(1..=10_000).contains(r)) {
+        return Err(SetupError::BadArgument(format!(
+            "--rate {rate}: give a bottleneck of 1 to 10000 Mbit/s"
+        ))
+        .into());
+    }
+    let wan = lab::WanSpec {
+        rtt_ms: args.rtt,
+        rate_mbit: args.rate,
+    };
     let bytes = args.bytes.unwrap_or(if args.until_late.is_some() {
         4 << 30
     } else {
@@ -1027,6 +1052,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         sender_gso: !args.no_sender_gso,
         truth_out: args.truth.clone(),
         until_late: args.until_late,
+        wan,
     })?;
     let opts = TracerOptions {
         iface: lab::SERVER_IF.to_string(),
@@ -1044,7 +1070,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     args.trace.report.fit_memory(&mut engine)?;
     out.file.begin(&tracer, &args.trace)?;
     eprintln!(
-        "lab: {} x {}{:.0} MB upload over {} (kernel TCP{}) through an edge in mode {mode}; {} queues; traced on the server with XDP {}",
+        "lab: {} x {}{:.0} MB upload over {} (kernel TCP{}) through {wan} and an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
         match args.until_late {
             Some(n) => format!("(until {n} late segments each) at most "),

@@ -255,6 +255,27 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
         e.counters.get("truth_dropped").copied().unwrap_or(0),
         e.counters.get("egress_unmatched").copied().unwrap_or(0),
     );
+    if let Some(w) = &lab.wan {
+        let late = w.late_us.map_or(String::new(), |l| {
+            format!(
+                "; each went on {} us late (p50), {} (p99), {} at most",
+                l.p50, l.p99, l.max
+            )
+        });
+        let neck = w.bottleneck.map_or(String::new(), |b| {
+            format!(
+                "; the bottleneck passed {} packets ({:.1} MB), dropped {}",
+                b.sent_packets,
+                b.sent_bytes as f64 / 1e6,
+                b.dropped
+            )
+        });
+        let _ = writeln!(
+            out,
+            "  wan        {}: {} packets held on the way back ({} lost){late}{neck}",
+            w.spec, w.delayed, w.delay_dropped
+        );
+    }
     if lab.dropped_on_the_way > 0 {
         let _ = writeln!(
             out,

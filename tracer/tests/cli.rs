@@ -80,6 +80,15 @@ fn bad_input_gets_one_line_and_exit_2() {
         ),
         (&["lab", "--flows", "0"], "--flows 0"),
         (
+            &["lab", "--rtt", "500"],
+            "--rtt 500: give a round trip of 1 to 200",
+        ),
+        (
+            &["lab", "--rate", "0"],
+            "--rate 0: give a bottleneck of 1 to 10000",
+        ),
+        (&["lab", "--repoints", "0"], "--repoints 0"),
+        (
             &["record", "--iface", "lo", "--memory-mib", "8"],
             "--memory-mib 8: give 64 to 1048576",
         ),
@@ -276,6 +285,7 @@ fn upload(topo: &Topology, bytes: u64) -> Upload {
             ipv6: false,
             timeout: Duration::from_secs(30),
             pacing: None,
+            sysctls: Vec::new(),
         },
     )
     .expect("upload")

@@ -242,7 +242,7 @@ fn atr_until_late(rate: &str, n_flows: &str, extra: &[&str]) -> Value {
         &[
             "--mode",
             "atr",
-            "--rate",
+            "--repoints",
             rate,
             "--flows",
             n_flows,
@@ -1022,7 +1022,7 @@ fn guest_senders_of_each_policy_run_their_policy_side_by_side() {
     let r = lab_json(&[
         "--mode",
         "atr",
-        "--rate",
+        "--repoints",
         "200",
         "--sender",
         "classic,linux-adaptive,rack-tlp",

@@ -102,7 +102,7 @@ fn the_demo_shows_steering_live_and_quits_cleanly() {
     // The pane stays after the command (remain-on-exit) so its last screen
     // can be read.
     let command = format!(
-        "{BIN} lab --live --rate 50 --flows 2 --bytes 4G --duration 60; echo $? > {}",
+        "{BIN} lab --live --repoints 50 --flows 2 --bytes 4G --duration 60; echo $? > {}",
         status.display()
     );
     let tmux = Tmux::start(100, 30, &command);

@@ -165,6 +165,7 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
             ipv6: false,
             timeout: Duration::from_secs(60),
             pacing: None,
+            sysctls: Vec::new(),
         },
     )
     .unwrap();

@@ -399,6 +399,27 @@ const EXPERIMENTS: &[Experiment] = &[
             why: "NewReno without SACK re-enters recovery for nearly every late original: 3-12x what the SACK policy predicts",
         }],
     },
+    Experiment {
+        name: "host senders at 50/s over 80 ms, 800 Mbit/s",
+        rate: "50",
+        flows: "2",
+        extra: &["--rtt", "80", "--rate", "800"],
+        statistics: WAN_STATISTICS,
+    },
+    Experiment {
+        name: "guest senders at 50/s over 80 ms, 200 Mbit/s",
+        rate: "50",
+        flows: "1",
+        extra: &[
+            "--rtt",
+            "80",
+            "--rate",
+            "200",
+            "--sender",
+            "classic,linux-adaptive,rack-tlp",
+        ],
+        statistics: WAN_STATISTICS,
+    },
 ];
 
 const RACK: Statistic = Statistic {
@@ -413,6 +434,19 @@ const RACK_GOODPUT: Statistic = Statistic {
     band: None,
     why: "not held yet: the estimate assumes each flow's own bottleneck (issue 16)",
 };
+
+/// The WAN path's delay error: how long after its due time the delay
+/// line let each packet go (kernel receive stamp to the verdict's return).
+fn wan_delay_error_p99_ms(r: &Value) -> Option<f64> {
+    Some(r["lab"]["wan"]["late_us"]["p99"].as_f64()? / 1e3)
+}
+
+const WAN_STATISTICS: &[Statistic] = &[Statistic {
+    name: "delay line's error p99, ms",
+    figure: wan_delay_error_p99_ms,
+    band: Some((0.0, 0.5)),
+    why: "issue 16's target for the lab's WAN path: the delay's error p99 under 0.5 ms",
+}];
 
 /// Median, minimum and maximum.
 fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
@@ -526,7 +560,7 @@ pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
 /// has one).
 fn lab_run(bin: &std::path::Path, e: &Experiment) -> Result<Value> {
     let args = [
-        &["--mode", "atr", "--rate", e.rate, "--flows", e.flows][..],
+        &["--mode", "atr", "--repoints", e.rate, "--flows", e.flows][..],
         e.extra,
     ]
     .concat();

@@ -157,7 +157,7 @@ impl Guest {
         if let Some(rate) = spec.pacing {
             send.extend(["--pacing".into(), rate.to_string()]);
         }
-        for (knob, value) in kind.knobs() {
+        for (knob, value) in kind.knobs().iter().chain(&spec.sysctls) {
             send.extend(["--sysctl".into(), format!("{knob}={value}")]);
         }
         let quoted: Vec<String> = send.iter().map(|a| format!("'{a}'")).collect();

@@ -24,10 +24,12 @@
 mod edge;
 pub mod guest;
 mod janitor;
+mod nfqueue;
 mod pattern;
 mod sender_acks;
 pub mod truth;
 mod upload;
+pub mod wan;
 
 use std::{
     net::IpAddr,
@@ -44,6 +46,7 @@ pub use edge::{Edge, EdgeReport, Mode, Until};
 pub use pattern::{HeldSegment, Pattern, PatternTruth};
 pub use sender_acks::{SenderAcks, SenderProbe};
 pub use upload::{tcp_info, FlowResult, Upload, UploadSpec};
+pub use wan::{Wan, WanReport, WanSpec};
 
 use crate::{kernel::netns::NetnsGuard, SetupError};
 
@@ -423,6 +426,16 @@ impl std::fmt::Display for Sender {
     }
 }
 
+/// Pins the calling thread to `cpu`.
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 /// Writes sysctl `knob` (dotted) in the calling thread's namespace.
 pub fn write_sysctl(knob: &str, value: &str) -> Result<()> {
     let path = format!("/proc/sys/{}", knob.replace('.', "/"));
@@ -457,6 +470,8 @@ pub struct LabSpec {
     /// every flow (`bytes_per_flow` and `timeout` still bound it): an
     /// experiment sized by what happened, not by bytes and a hope.
     pub until_late: Option<u64>,
+    /// The path between the senders and the edge.
+    pub wan: WanSpec,
 }
 
 impl LabSpec {
@@ -475,6 +490,7 @@ impl LabSpec {
             sender_gso: true,
             truth_out: None,
             until_late: None,
+            wan: WanSpec::default(),
         }
     }
 }
@@ -485,6 +501,7 @@ pub struct Lab {
     // Field order is drop order: the upload and the edge before the
     // namespaces they live in.
     upload: Option<Upload>,
+    wan: Option<Wan>,
     edge: Option<Edge>,
     probe: Option<SenderProbe>,
     pub topo: Topology,
@@ -515,6 +532,9 @@ pub struct LabOutcome {
     /// Packets dropped between the senders and the edge: the client's
     /// veth TX drops and the guests' taps' RX drops (`ip -s link`).
     pub dropped_before_the_edge: u64,
+    /// The WAN path's delay line and bottleneck, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wan: Option<WanReport>,
 }
 
 /// One sender: its kind and, for a guest, its kernel, its sysctls as it
@@ -589,8 +609,10 @@ impl Lab {
             (until, enough.clone())
         });
         let edge = Edge::start(&topo, spec.mode, spec.truth_out.as_deref(), until)?;
+        let wan = Wan::start(&topo, spec.wan)?;
         Ok(Self {
             upload: None,
+            wan: Some(wan),
             edge: Some(edge),
             probe: None,
             topo,
@@ -612,6 +634,11 @@ impl Lab {
                 ipv6: self.spec.ipv6,
                 timeout: self.spec.timeout,
                 pacing: self.spec.pacing,
+                sysctls: if self.spec.wan.is_direct() {
+                    Vec::new()
+                } else {
+                    wan::BUFFERS.to_vec()
+                },
             },
             self.enough.clone(),
             &self.spec.senders,
@@ -646,6 +673,10 @@ impl Lab {
                     .map(|i| guests.swap_remove(i).1),
             })
             .collect();
+        let wan = match self.wan.take() {
+            Some(w) if !self.spec.wan.is_direct() => Some(w.finish()?),
+            _ => None,
+        };
         let edge = self
             .edge
             .take()
@@ -688,6 +719,7 @@ impl Lab {
             until_late,
             dropped_on_the_way,
             dropped_before_the_edge,
+            wan,
         })
     }
 }

@@ -20,11 +20,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{bail, Context, Result};
-use nfq::{Queue, Verdict};
+use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::{in_netns, ip, SERVER_PORT};
+use super::{
+    in_netns, ip,
+    nfqueue::{NfQueue, Packet},
+    SERVER_PORT,
+};
 
 /// Which segments are held, and for how long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -146,15 +149,14 @@ impl Reorderer {
             ])
             .with_context(|| format!("{tool} NFQUEUE rule (the lab's pattern mode needs iptables: `cargo xtask setup`)"))?;
         }
-        let mut queue = in_netns(edge_ns, Queue::open)?.context("opening NFQUEUE")?;
-        queue.bind(QUEUE).context("binding NFQUEUE 0")?;
-        queue.set_queue_max_len(QUEUE, 8192)?;
-        queue.set_nonblocking(true);
+        // The headers are enough to decide (IPv6 40 + TCP with options 60).
+        let queue =
+            in_netns(edge_ns, || NfQueue::open(QUEUE, 128, 8192))?.context("opening NFQUEUE 0")?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                pin_to_cpu(CPU);
+                super::pin_to_cpu(CPU);
                 run(queue, pattern, &stop)
             })
         };
@@ -184,16 +186,8 @@ impl Drop for Reorderer {
     }
 }
 
-fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
-/// TCP client port, sequence number and payload length of an IP packet.
+/// TCP client port, sequence number and payload length of an IP packet,
+/// from its headers alone (the queue copies only the first bytes).
 fn tcp_segment(packet: &[u8]) -> Option<(u16, u32, u32)> {
     let (l4, total) = match packet.first()? >> 4 {
         4 => {
@@ -209,21 +203,21 @@ fn tcp_segment(packet: &[u8]) -> Option<(u16, u32, u32)> {
         ),
         _ => return None,
     };
-    let tcp = packet.get(l4..total)?;
+    let tcp = packet.get(l4..)?;
     let port = u16::from_be_bytes([*tcp.first()?, *tcp.get(1)?]);
     let seq = u32::from_be_bytes(tcp.get(4..8)?.try_into().ok()?);
     let data_offset = usize::from(tcp.get(12)? >> 4) * 4;
-    Some((port, seq, tcp.len().checked_sub(data_offset)? as u32))
+    Some((port, seq, total.checked_sub(l4 + data_offset)? as u32))
 }
 
 struct Holding {
-    msg: nfq::Message,
+    id: u32,
     seg: HeldSegment,
     since: Instant,
     until: Option<Instant>,
 }
 
-fn run(mut queue: Queue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternTruth> {
+fn run(mut queue: NfQueue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternTruth> {
     let mut truth = PatternTruth {
         pattern: Some(pattern),
         ..Default::default()
@@ -231,15 +225,14 @@ fn run(mut queue: Queue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternT
     let mut held: VecDeque<Holding> = VecDeque::new();
     // Per client port: one past the highest sequence number sent.
     let mut sent_end: std::collections::HashMap<u16, u32> = Default::default();
-    let release = |queue: &mut Queue, h: Holding, truth: &mut PatternTruth| -> Result<()> {
-        let mut msg = h.msg;
-        msg.set_verdict(Verdict::Accept);
+    let release = |queue: &NfQueue, h: Holding, truth: &mut PatternTruth| -> Result<()> {
         truth.held.push(HeldSegment {
             held_us: h.since.elapsed().as_micros() as u64,
             ..h.seg
         });
-        queue.verdict(msg).context("NFQUEUE verdict")
+        queue.accept(h.id).context("NFQUEUE verdict")
     };
+    let mut arrived: VecDeque<Packet> = VecDeque::new();
     let (every, hold) = match pattern {
         Pattern::Swap { every } => (every, None),
         Pattern::Hold { every, hold_us } => {
@@ -253,24 +246,20 @@ fn run(mut queue: Queue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternT
             .is_some_and(|h| h.until.is_some_and(|t| Instant::now() >= t))
         {
             let h = held.pop_front().expect("not empty");
-            release(&mut queue, h, &mut truth)?;
+            release(&queue, h, &mut truth)?;
         }
-        let mut msg = match queue.recv() {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_micros(20));
-                continue;
-            }
-            Err(e) => bail!("NFQUEUE receive: {e}"),
+        let Some(msg) = arrived.pop_front() else {
+            queue.wait(Duration::from_micros(20))?;
+            queue.drain(&mut arrived).context("NFQUEUE receive")?;
+            continue;
         };
-        let seg = tcp_segment(msg.get_payload());
+        let seg = tcp_segment(&msg.payload);
         let Some((port, seq, len)) = seg.filter(|s| s.2 > 0) else {
             // Control segments (handshake, FIN) never pass a held one.
             while let Some(h) = held.pop_front() {
-                release(&mut queue, h, &mut truth)?;
+                release(&queue, h, &mut truth)?;
             }
-            msg.set_verdict(Verdict::Accept);
-            queue.verdict(msg)?;
+            queue.accept(msg.id)?;
             continue;
         };
         truth.data_segments += 1;
@@ -290,7 +279,7 @@ fn run(mut queue: Queue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternT
         };
         if truth.data_segments.is_multiple_of(u64::from(every)) {
             held.push_back(Holding {
-                msg,
+                id: msg.id,
                 seg: HeldSegment {
                     client_port: port,
                     seq,
@@ -303,8 +292,7 @@ fn run(mut queue: Queue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternT
             });
             continue;
         }
-        msg.set_verdict(Verdict::Accept);
-        queue.verdict(msg)?;
+        queue.accept(msg.id)?;
         for h in held.iter_mut().filter(|h| h.seg.client_port == port) {
             if seq == h.seg.seq {
                 h.seg.superseded = true;
@@ -316,12 +304,15 @@ fn run(mut queue: Queue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternT
         if hold.is_none() {
             // Swap: the held one follows the segment that passed it.
             while let Some(h) = held.pop_front() {
-                release(&mut queue, h, &mut truth)?;
+                release(&queue, h, &mut truth)?;
             }
         }
     }
     while let Some(h) = held.pop_front() {
-        release(&mut queue, h, &mut truth)?;
+        release(&queue, h, &mut truth)?;
+    }
+    for msg in arrived {
+        queue.accept(msg.id)?;
     }
     Ok(truth)
 }
@@ -358,6 +349,8 @@ mod tests {
         p[24..28].copy_from_slice(&7u32.to_be_bytes());
         p[32] = 5 << 4;
         assert_eq!(tcp_segment(&p), Some((40_000, 7, 20)));
+        // The headers are enough: the queue copies no more.
+        assert_eq!(tcp_segment(&p[..40]), Some((40_000, 7, 20)));
         assert_eq!(tcp_segment(&p[..30]), None);
     }
 }

@@ -32,6 +32,9 @@ pub struct UploadSpec {
     pub timeout: Duration,
     /// Per-flow pacing, bytes per second (None: as fast as TCP goes).
     pub pacing: Option<u64>,
+    /// Sysctls every guest sender sets as well as its policy's (the
+    /// lab sets the host's namespaces itself).
+    pub sysctls: Vec<(&'static str, &'static str)>,
 }
 
 /// What one flow of an upload did, from the sockets' own point of view.
