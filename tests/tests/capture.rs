@@ -32,6 +32,7 @@ fn clean_upload_is_traced_exactly(ipv6: bool, mode: XdpModeChoice) {
         ipv6,
         timeout: Duration::from_secs(60),
         pacing: None,
+        sysctls: Vec::new(),
     };
     let (outcome, seen, results, _) = record_upload(topo, &mut tracer, &spec).expect("upload");
     let flow = &results[0];
@@ -189,6 +190,7 @@ fn filter_keeps_other_flows_out_of_the_ring() {
         ipv6: false,
         timeout: Duration::from_secs(30),
         pacing: None,
+        sysctls: Vec::new(),
     };
     // Another port: nothing reaches the ring, everything is counted.
     let (lab, mut tracer) =
@@ -261,6 +263,7 @@ fn lossy_upload(queues: u32, side: Side) -> (lab::Lab, tests::Recorded) {
         ipv6: false,
         timeout: Duration::from_secs(60),
         pacing: None,
+        sysctls: Vec::new(),
     };
     let recorded = record_upload(topo, &mut tracer, &spec).expect("upload");
     (lab, recorded)
@@ -357,6 +360,7 @@ fn tcp_probe_under_load_is_accounted_exactly() {
         ipv6: false,
         timeout: Duration::from_secs(60),
         pacing: None,
+        sysctls: Vec::new(),
     };
     let (outcome, seen, results, _) = record_upload(topo, &mut tracer, &spec).expect("upload");
     let c = outcome.counters;
@@ -447,6 +451,7 @@ fn clean_single_queue_upload_reports_no_reordering() {
         ipv6: false,
         timeout: Duration::from_secs(60),
         pacing: None,
+        sysctls: Vec::new(),
     };
     let (outcome, _, results, engine) = record_upload(topo, &mut tracer, &spec).expect("upload");
     assert_eq!(outcome.counters.ring_full(), 0);

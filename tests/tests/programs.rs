@@ -144,6 +144,7 @@ fn run_case(case: &Case) {
         ipv6: false,
         timeout: Duration::from_secs(60),
         pacing: None,
+        sysctls: Vec::new(),
     };
     let mut seen = Seen::default();
     let (outcome, results, _) =
@@ -389,6 +390,7 @@ fn a_starved_collector_loses_no_event_unless_told_to() {
             ipv6: false,
             timeout: Duration::from_secs(120),
             pacing: None,
+            sysctls: Vec::new(),
         };
         let upload = Upload::start(topo, &spec).expect("upload");
         let mut sink = Starved {
