@@ -158,8 +158,8 @@ struct ReportArgs {
     /// Replay: the senders' round-trip time in µs (default: the sender's
     /// socket in the lab, else the handshake seen in the trace).
     #[arg(long, value_name = "US")]
-    rtt: Option<f64>,
-    /// Replay: RACK's min_RTT in µs (default: as --rtt).
+    replay_rtt: Option<f64>,
+    /// Replay: RACK's min_RTT in µs (default: as --replay-rtt).
     #[arg(long, value_name = "US")]
     min_rtt: Option<f64>,
     /// Replay: how long an ACK takes to reach the sender's TCP, in µs
@@ -243,7 +243,7 @@ impl ReportArgs {
             _ => Ok(v),
         };
         let replay = tracer::replay::ReplayConfig {
-            rtt_us: positive("--rtt", self.rtt, 60e6)?,
+            rtt_us: positive("--replay-rtt", self.replay_rtt, 60e6)?,
             min_rtt_us: positive("--min-rtt", self.min_rtt, 60e6)?,
             ack_delay_us: positive("--ack-delay", self.ack_delay, 60e6)?,
             bandwidth_bps: positive("--bandwidth", self.bandwidth, 1e7)?.map(|m| m * 1e6),
@@ -1157,4 +1157,14 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         print!("{}", report::lab(&snapshot, &lab_outcome, opts));
     }
     finish(&outcome, &out.file, args.trace.report.json)
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every subcommand's flags are unique (clap checks it only when a
+    /// debug build parses that subcommand).
+    #[test]
+    fn the_command_line_is_consistent() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
+    }
 }

@@ -148,6 +148,21 @@ impl NfQueue {
 
     /// Every packet queued so far, without waiting, appended to `out`.
     pub fn drain(&mut self, out: &mut VecDeque<Packet>) -> io::Result<()> {
+        while let Some(n) = self.recv(libc::MSG_DONTWAIT)? {
+            for (kind, body) in messages(&self.buf[..n]) {
+                if kind == (NFNL_SUBSYS_QUEUE << 8 | NFQNL_MSG_PACKET) {
+                    if let Some(p) = packet(body) {
+                        out.push_back(p);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One datagram into `buf`: its length, or `None` when none is
+    /// waiting (with `MSG_DONTWAIT`).
+    fn recv(&mut self, flags: i32) -> io::Result<Option<usize>> {
         loop {
             // SAFETY: receives into our own buffer of the given length.
             let n = unsafe {
@@ -155,23 +170,17 @@ impl NfQueue {
                     self.fd.as_raw_fd(),
                     self.buf.as_mut_ptr().cast(),
                     self.buf.len(),
-                    libc::MSG_DONTWAIT,
+                    flags,
                 )
             };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                return match e.kind() {
-                    io::ErrorKind::WouldBlock => Ok(()),
-                    io::ErrorKind::Interrupted => continue,
-                    _ => Err(e),
-                };
+            if n >= 0 {
+                return Ok(Some(n as usize));
             }
-            for (kind, body) in messages(&self.buf[..n as usize]) {
-                if kind == (NFNL_SUBSYS_QUEUE << 8 | NFQNL_MSG_PACKET) {
-                    if let Some(p) = packet(body) {
-                        out.push_back(p);
-                    }
-                }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::WouldBlock => return Ok(None),
+                io::ErrorKind::Interrupted => continue,
+                _ => return Err(e),
             }
         }
     }
@@ -197,19 +206,8 @@ impl NfQueue {
     fn config(&mut self, attrs: &[u8]) -> io::Result<()> {
         self.send(NFQNL_MSG_CONFIG, NLM_F_REQUEST | NLM_F_ACK, attrs)?;
         loop {
-            // SAFETY: as in `drain`, blocking.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            for (kind, body) in messages(&self.buf[..n as usize]) {
+            let Some(n) = self.recv(0)? else { continue };
+            for (kind, body) in messages(&self.buf[..n]) {
                 if kind == NLMSG_ERROR {
                     let code = i32::from_ne_bytes(
                         body.get(..4)
