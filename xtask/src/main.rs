@@ -1,6 +1,7 @@
 //! `cargo xtask setup | build-and-run | lab | test | validate | bench |
 //! fuzz`: the project's own tasks.
 
+mod cells;
 mod guest;
 mod matrix;
 mod runner;
@@ -62,6 +63,12 @@ enum Task {
         /// Runs per experiment.
         #[arg(long, value_name = "K", default_value_t = 5)]
         runs: u32,
+        /// Instead: the replay against a real sender of each policy over
+        /// the matrix of paths (re-point rate x RTT x bottleneck), each
+        /// policy alone in each cell; ONLY then names cells
+        /// (`"80 ms"`, `"atr 50/s, 20 ms"`).
+        #[arg(long)]
+        cells: bool,
         /// Only experiments whose name contains one of these.
         #[arg(last = true)]
         only: Vec<String>,
@@ -146,9 +153,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
             repeat,
             filters,
         } => test(kernel, repeat, &filters),
-        Task::Validate { runs, only } => {
+        Task::Validate { runs, cells, only } => {
             setup()?;
-            validate::run(runs, &only)
+            if cells {
+                cells::run(runs, &only)
+            } else {
+                validate::run(runs, &only)
+            }
         }
         Task::Bench => bench(),
         Task::Fuzz { secs } => fuzz(secs),

@@ -50,7 +50,7 @@ const UNTIL: [&str; 2] = ["--until-late", "300"];
 
 /// The lab's flows and their tracer's, sockets' and edge's views, joined
 /// by client port.
-fn flows(r: &Value) -> Vec<(&Value, &Value, &Value)> {
+pub(crate) fn flows(r: &Value) -> Vec<(&Value, &Value, &Value)> {
     let lab = &r["lab"];
     let Some(sockets) = lab["flows"].as_array() else {
         return Vec::new();
@@ -70,7 +70,7 @@ fn flows(r: &Value) -> Vec<(&Value, &Value, &Value)> {
         .collect()
 }
 
-fn n(v: &Value) -> f64 {
+pub(crate) fn n(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
@@ -88,7 +88,7 @@ fn ratio(
     (b > 0.0).then_some(a / b)
 }
 
-fn policy<'a>(f: &'a Value, name: &str) -> &'a Value {
+pub(crate) fn policy<'a>(f: &'a Value, name: &str) -> &'a Value {
     f["replay"]["policies"]
         .as_array()
         .and_then(|p| p.iter().find(|p| p["name"] == name))
