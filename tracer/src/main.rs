@@ -167,9 +167,13 @@ struct ReportArgs {
     #[arg(long, value_name = "US")]
     ack_delay: Option<f64>,
     /// Replay: the bottleneck in Mbit/s (default: the flow's peak rate
-    /// over 10 ms).
+    /// over 100 ms).
     #[arg(long, value_name = "MBIT")]
     bandwidth: Option<f64>,
+    /// Replay: the bottleneck's queue in bandwidth-delay products (default
+    /// 1: a window cut by a loss at a full queue still fills the link).
+    #[arg(long, value_name = "BDPS")]
+    queue_bdp: Option<f64>,
     /// Replay: the duplicate-ACK threshold of the classic and RACK-TLP
     /// senders, and the adaptive one's start.
     #[arg(long, value_name = "N")]
@@ -247,6 +251,15 @@ impl ReportArgs {
             min_rtt_us: positive("--min-rtt", self.min_rtt, 60e6)?,
             ack_delay_us: positive("--ack-delay", self.ack_delay, 60e6)?,
             bandwidth_bps: positive("--bandwidth", self.bandwidth, 1e7)?.map(|m| m * 1e6),
+            queue_bdp: match self.queue_bdp {
+                Some(q) if !(0.0..=100.0).contains(&q) => {
+                    return Err(SetupError::BadArgument(format!(
+                        "--queue-bdp {q}: give 0 to 100 bandwidth-delay products"
+                    ))
+                    .into())
+                }
+                q => q,
+            },
             dupthresh: whole("--dupthresh", self.dupthresh)?,
             reo_wnd_mult: whole("--reo-wnd-mult", self.reo_wnd_mult)?,
             classic_undo: self.classic_undo,

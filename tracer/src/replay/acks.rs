@@ -1134,6 +1134,7 @@ mod tests {
             send_times_from: Source::Trace,
             bottleneck_bps: 8e8,
             bottleneck_from: Source::Given,
+            queue_bdp: 1.0,
             mss_bytes: MSS as u32,
             send_interval_us: 10.0,
             duration_s: 0.05,

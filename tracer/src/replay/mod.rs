@@ -226,8 +226,10 @@ impl Default for FlowLog {
 /// Gaps shorter than this are not counted (no probe timeout is shorter).
 pub const MIN_GAP_NS: u64 = 16_384;
 pub const GAP_BUCKETS: usize = 24;
-/// The bin over which the peak arrival rate is measured.
-pub const RATE_BIN_NS: u64 = 10_000_000;
+/// The bin over which the peak arrival rate is measured: long enough
+/// that a burst released by the receiving host (a NIC queue's backlog, a
+/// flow's turn among others) does not count as the path's rate.
+pub const RATE_BIN_NS: u64 = 100_000_000;
 
 impl FlowLog {
     /// A data segment with new bytes arrived at `ts_ns`.
@@ -498,8 +500,11 @@ pub struct ReplayConfig {
     pub rtt_us: Option<f64>,
     /// RACK's min_RTT (default: the RTT).
     pub min_rtt_us: Option<f64>,
-    /// Bottleneck rate (default: the peak arrival rate over 10 ms bins).
+    /// Bottleneck rate (default: the peak arrival rate over 100 ms bins).
     pub bandwidth_bps: Option<f64>,
+    /// The bottleneck's queue in bandwidth-delay products (default
+    /// [`DEFAULT_QUEUE_BDP`]).
+    pub queue_bdp: Option<f64>,
     pub dupthresh: Option<u32>,
     /// RACK's initial reordering-window multiplier (RFC 8985: 1).
     pub reo_wnd_mult: Option<u32>,
@@ -532,6 +537,8 @@ pub struct Assumptions {
     pub send_times_from: Source,
     pub bottleneck_bps: f64,
     pub bottleneck_from: Source,
+    /// The bottleneck's queue, in bandwidth-delay products.
+    pub queue_bdp: f64,
     pub mss_bytes: u32,
     /// Mean spacing of the sender's segments.
     pub send_interval_us: f64,
@@ -554,6 +561,11 @@ pub struct Assumptions {
 
 /// RTT when neither the trace nor the user gives one.
 pub const DEFAULT_RTT_US: f64 = 1000.0;
+/// The bottleneck's queue when the user gives none: one bandwidth-delay
+/// product, the classic rule for a router's buffer (and the lab's
+/// `--rate`). A receiver cannot see it; with it, a window halved by a
+/// loss at a full queue still fills the link.
+pub const DEFAULT_QUEUE_BDP: f64 = 1.0;
 
 impl ReplayConfig {
     /// The path for a flow: the user's figures, else the trace's.
@@ -573,8 +585,9 @@ impl ReplayConfig {
         let duration_s = log.duration_ns() as f64 / 1e9;
         let (bottleneck_bps, bottleneck_from) = match self.bandwidth_bps {
             Some(b) => (b, Source::Given),
+            // A flow shorter than a bin: its bytes over its time.
             None if log.peak_bin_bytes > 0 => (
-                log.peak_bin_bytes as f64 * 8.0 / (RATE_BIN_NS as f64 / 1e9),
+                log.peak_bin_bytes as f64 * 8.0 / duration_s.min(RATE_BIN_NS as f64 / 1e9),
                 Source::Trace,
             ),
             None => (1e9, Source::Default),
@@ -610,6 +623,7 @@ impl ReplayConfig {
             send_times_from,
             bottleneck_bps,
             bottleneck_from,
+            queue_bdp: self.queue_bdp.unwrap_or(DEFAULT_QUEUE_BDP),
             mss_bytes: log.max_payload.max(1),
             send_interval_us: if log.data_segments > 1 {
                 duration_s * 1e6 / (log.data_segments - 1) as f64

@@ -15,12 +15,21 @@ pub struct Path {
     pub mss_bytes: f64,
     /// Bottleneck rate: the window never delivers more.
     pub bottleneck_bps: f64,
+    /// The bottleneck's queue, in bandwidth-delay products: a window may
+    /// grow this far past the one that fills the link (it then only
+    /// queues) before the queue overflows.
+    pub queue_bdp: f64,
 }
 
 impl Path {
     /// The window that fills the bottleneck.
     pub fn bdp_segments(&self) -> f64 {
         self.bottleneck_bps * self.rtt_s / (8.0 * self.mss_bytes)
+    }
+
+    /// The largest window the path holds: the link's and the queue's.
+    fn max_window(&self) -> f64 {
+        (self.bdp_segments() * (1.0 + self.queue_bdp)).max(1.0)
     }
 
     fn rate(&self, window: f64) -> f64 {
@@ -34,6 +43,16 @@ pub enum Congestion {
     Reno,
 }
 
+/// How the window starts.
+#[derive(Clone, Copy, Debug)]
+pub enum Start {
+    /// At this many segments (at most what the path holds).
+    Window(f64),
+    /// In slow start from this initial window (RFC 6928: 10), doubling
+    /// each round trip until the first reduction or the path is full.
+    SlowStart(f64),
+}
+
 /// When the window is reduced.
 #[derive(Clone, Copy, Debug)]
 pub enum Reductions<'a> {
@@ -45,23 +64,27 @@ pub enum Reductions<'a> {
     EverySegments(f64),
 }
 
-/// Average goodput over `duration_s` of a window that starts at
-/// `start_window` segments (at most what fills the bottleneck) and reduces
-/// at each of `reductions`. Multiplicative decrease β (CUBIC 0.7, Reno
-/// 0.5); growth per RFC 8312 §4.1 (with its TCP-friendly region) or one
-/// segment per RTT.
+/// Average goodput over `duration_s` of a window that starts as `start`
+/// and reduces at each of `reductions`. Multiplicative decrease β (CUBIC
+/// 0.7, Reno 0.5); growth per RFC 8312 §4.1 (with its TCP-friendly
+/// region) or one segment per RTT; never past what the path holds (its
+/// losses there are the trace's reductions, or the formulas').
 pub fn simulate(
     c: Congestion,
     path: &Path,
     reductions: Reductions<'_>,
-    start_window: f64,
+    start: Start,
     duration_s: f64,
 ) -> f64 {
     if duration_s <= 0.0 || path.rtt_s <= 0.0 {
         return 0.0;
     }
-    let cap = path.bdp_segments().max(1.0);
+    let cap = path.max_window();
     let rtt = path.rtt_s;
+    let (start_window, mut slow_start) = match start {
+        Start::Window(w) => (w, false),
+        Start::SlowStart(w) => (w, true),
+    };
     let mut w = start_window.clamp(1.0, cap);
     // CUBIC epoch state.
     let (mut w_max, mut epoch_start, mut w_est) = (w, 0.0f64, w);
@@ -90,6 +113,7 @@ pub fn simulate(
             }
         }
         if due {
+            slow_start = false;
             match c {
                 Congestion::Reno => w = (w * 0.5).max(2.0),
                 Congestion::Cubic => {
@@ -99,6 +123,12 @@ pub fn simulate(
                     w_est = w;
                 }
             }
+            continue;
+        }
+        if slow_start {
+            w = (w * 2.0).min(cap);
+            (w_max, w_est) = (w, w);
+            slow_start = w < cap;
             continue;
         }
         match c {
@@ -112,8 +142,7 @@ pub fn simulate(
                 w = cubic.max(w_est);
             }
         }
-        // Beyond the bottleneck the window only fills queues: keep it at
-        // the cap (what a real sender's losses there would enforce).
+        // Beyond the queue: what a real sender's losses there enforce.
         w = w.min(cap);
     }
     delivered_bits / duration_s
@@ -205,6 +234,7 @@ mod tests {
             rtt_s: 0.1,
             mss_bytes: 1448.0,
             bottleneck_bps: 10e9,
+            queue_bdp: 0.0,
         };
         let p = cubic_loss_rate_for(&path);
         assert!((2.5e-8..3.5e-8).contains(&p), "{p}");
@@ -216,19 +246,32 @@ mod tests {
             rtt_s: 0.1,
             mss_bytes: 1448.0,
             bottleneck_bps: 100e9,
+            queue_bdp: 0.0,
         };
         // One loss event every 1/p segments (the formulas' loss model),
         // long enough to forget the start.
         for p in [1e-4, 1e-5, 1e-6] {
             let every = Reductions::EverySegments(1.0 / p);
             let start = cubic_window(p, 0.1);
-            let sim = simulate(Congestion::Cubic, &path, every, start, 3000.0);
+            let sim = simulate(
+                Congestion::Cubic,
+                &path,
+                every,
+                Start::Window(start),
+                3000.0,
+            );
             let formula = cubic_response_bps(&path, p);
             assert!(
                 (sim / formula - 1.0).abs() < 0.15,
                 "p {p}: sim {sim} vs {formula}"
             );
-            let reno = simulate(Congestion::Reno, &path, every, reno_window(p), 3000.0);
+            let reno = simulate(
+                Congestion::Reno,
+                &path,
+                every,
+                Start::Window(reno_window(p)),
+                3000.0,
+            );
             let mathis = mathis_bps(&path, p);
             assert!(
                 (reno / mathis - 1.0).abs() < 0.15,
@@ -239,15 +282,64 @@ mod tests {
         }
     }
 
+    /// A path of 80 segments' BDP over 100 ms.
+    fn eighty(queue_bdp: f64) -> Path {
+        Path {
+            rtt_s: 0.1,
+            mss_bytes: 1448.0,
+            bottleneck_bps: 80.0 * 1448.0 * 8.0 / 0.1,
+            queue_bdp,
+        }
+    }
+
+    #[test]
+    fn slow_start_doubles_from_ten_segments_until_the_path_is_full() {
+        // 10, 20, 40 segments, then 80 for the seven round trips left.
+        let r = simulate(
+            Congestion::Cubic,
+            &eighty(0.0),
+            Reductions::At(&[]),
+            Start::SlowStart(10.0),
+            1.0,
+        );
+        let want = (10.0 + 20.0 + 40.0 + 7.0 * 80.0) * 1448.0 * 8.0;
+        assert!((r - want).abs() < 1.0, "{r} vs {want}");
+    }
+
+    #[test]
+    fn a_queue_of_one_bdp_keeps_the_link_full_through_a_reduction() {
+        // From a full queue (2 BDP), 0.7 of it is still more than the link
+        // holds; without a queue the window falls below it and regrows.
+        let full = |q| {
+            simulate(
+                Congestion::Cubic,
+                &eighty(q),
+                Reductions::At(&[1.0]),
+                Start::Window(f64::INFINITY),
+                5.0,
+            )
+        };
+        let link = eighty(0.0).bottleneck_bps;
+        assert!((full(1.0) - link).abs() < 1.0, "{}", full(1.0));
+        assert!(full(0.0) < 0.99 * link, "{}", full(0.0));
+    }
+
     #[test]
     fn no_episodes_fill_the_bottleneck() {
         let path = Path {
             rtt_s: 0.01,
             mss_bytes: 1448.0,
             bottleneck_bps: 1e9,
+            queue_bdp: 0.0,
         };
         for c in [Congestion::Cubic, Congestion::Reno] {
-            let r = simulate(c, &path, Reductions::At(&[]), f64::INFINITY, 5.0);
+            let r = simulate(
+                c,
+                &path,
+                Reductions::At(&[]),
+                Start::Window(f64::INFINITY),
+                5.0,
+            );
             assert!((r - 1e9).abs() < 1.0, "{r}");
         }
         assert_eq!(mathis_bps(&path, 0.0), 1e9);
