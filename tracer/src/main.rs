@@ -255,8 +255,7 @@ impl ReportArgs {
                 Some(q) if !(0.0..=100.0).contains(&q) => {
                     return Err(SetupError::BadArgument(format!(
                         "--queue-bdp {q}: give 0 to 100 bandwidth-delay products"
-                    ))
-                    .into())
+                    )))
                 }
                 q => q,
             },

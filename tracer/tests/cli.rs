@@ -89,6 +89,10 @@ fn bad_input_gets_one_line_and_exit_2() {
         ),
         (&["lab", "--repoints", "0"], "--repoints 0"),
         (
+            &["lab", "--queue-bdp", "500"],
+            "--queue-bdp 500: give 0 to 100",
+        ),
+        (
             &["record", "--iface", "lo", "--memory-mib", "8"],
             "--memory-mib 8: give 64 to 1048576",
         ),
