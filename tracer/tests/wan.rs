@@ -222,3 +222,44 @@ fn the_wan_path_holds_each_packet_one_round_trip_and_shapes_the_data() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A guest sender (Linux 6.1 in user-mode-linux, forwarded by the
+/// client) crosses the same path, as `tracer lab` runs it (the guest runs
+/// the tracer's own binary): its socket buffers raised for the window
+/// (read back inside it), no round trip of its shorter than the path's,
+/// every byte received, nothing lost in the delay line.
+#[test]
+fn a_guest_sender_crosses_the_wan_path_with_its_buffers_raised() {
+    if !root_or_skip("a_guest_sender_crosses_the_wan_path_with_its_buffers_raised") {
+        return;
+    }
+    let out = Command::new(common::BIN)
+        .args(["lab", "--json", "--quiet", "--mode", "off", "--queues", "2"])
+        .args(["--sender", "rack-tlp", "--flows", "1", "--bytes", "16M"])
+        .args(["--rtt", &RTT_MS.to_string(), "--rate", &RATE_MBIT.to_string()])
+        .args(["--duration", "60", "--ring-mib", "64"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lab = &r["lab"];
+    let guest = &lab["senders"][0]["guest"];
+    assert_eq!(guest["errors"].as_array().map(Vec::len), Some(0), "{guest}");
+    for (knob, value) in lab::wan::BUFFERS {
+        assert_eq!(guest["sysctls"][knob], value, "{knob}");
+    }
+    let flow = &lab["flows"][0];
+    assert_eq!(flow["sender"], "rack-tlp");
+    assert_eq!(flow["received"], flow["sent"], "every byte sent arrives");
+    assert_eq!(common::u(&flow["sent"]), 16 << 20);
+    assert!(
+        common::u(&flow["min_rtt_us"]) as f64 >= RTT_MS * 1e3,
+        "the guest's min_rtt {}",
+        flow["min_rtt_us"]
+    );
+    let wan = &lab["wan"];
+    println!("{wan}");
+    assert!(common::u(&wan["delayed"]) > 0);
+    assert_eq!(common::u(&wan["delay_dropped"]), 0);
+}
