@@ -236,7 +236,12 @@ fn a_guest_sender_crosses_the_wan_path_with_its_buffers_raised() {
     let out = Command::new(common::BIN)
         .args(["lab", "--json", "--quiet", "--mode", "off", "--queues", "2"])
         .args(["--sender", "rack-tlp", "--flows", "1", "--bytes", "16M"])
-        .args(["--rtt", &RTT_MS.to_string(), "--rate", &RATE_MBIT.to_string()])
+        .args([
+            "--rtt",
+            &RTT_MS.to_string(),
+            "--rate",
+            &RATE_MBIT.to_string(),
+        ])
         .args(["--duration", "60", "--ring-mib", "64"])
         .output()
         .unwrap();

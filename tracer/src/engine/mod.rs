@@ -356,8 +356,8 @@ struct WireView {
     last_migration_ns: Option<u64>,
     /// What a sender's loss detection would have reacted to.
     log: FlowLog,
-    /// Summary mode: where the data the kernel counted without emitting
-    /// ended, when a FIN said so (after the last data segment emitted).
+    /// Where the flow's data ended, as its FIN said: past the last data
+    /// segment emitted when summary mode kept the last ones in the kernel.
     counted_end: u64,
     /// The heap bytes of `m.late`, weighed when a late segment updates it.
     late_held: u64,
@@ -687,11 +687,14 @@ impl Engine {
             f.rtt_ns.get_or_insert(s.ts_ns.saturating_sub(syn_ns));
         }
         if s.payload_len == 0 || s.flags & RST != 0 {
-            // Summary mode: a FIN carries the count of the flow's last data
-            // segments, which no later segment will; they ended where the
-            // FIN's sequence number begins.
-            if let Some(w) = f.wire.as_mut().filter(|_| s.summarized_before > 0) {
-                w.counted(s.summarized_before, &mut f.paths);
+            // Summary mode: the flow's last data segments may have stayed in
+            // the kernel, their count carried by this segment or, when two
+            // CPUs raced on the flow's state, by none; wherever the count
+            // went, they ended where the FIN's sequence number begins.
+            if let Some(w) = f.wire.as_mut() {
+                if s.summarized_before > 0 {
+                    w.counted(s.summarized_before, &mut f.paths);
+                }
                 if s.flags & FIN != 0 {
                     w.counted_end = w.counted_end.max(w.unwrap.ext(s.seq));
                 }

@@ -520,3 +520,23 @@ fn a_fin_carries_the_count_of_the_last_segments_kept_in_the_kernel() {
     assert_eq!((r.data_segments, r.reordered), (12, 0));
     assert_eq!(r.seq_advance_bytes, 12 * u64::from(MSS));
 }
+
+/// When two CPUs raced on the flow's state in the kernel (or the flow lost
+/// its slot), the FIN can come without the count of the last segments
+/// kept there: the flow's volume still ends where the FIN begins.
+#[test]
+fn a_fin_without_the_count_still_ends_the_flow_where_it_begins() {
+    let mut e = Engine::new(EngineConfig::default());
+    let (f, isn) = (flow(1), 5000);
+    e.segment(&syn(f, isn, 0, 0));
+    e.segment(&seg(f, isn, 0, 10, 0, 0));
+    // Segments 1-11 counted in the kernel; the count lost in a race.
+    let fin = Segment {
+        payload_len: 0,
+        flags: FIN | ACK,
+        summarized_before: 0,
+        ..seg(f, isn, 12, 30, 0, 0)
+    };
+    assert!(e.segment(&fin).is_none());
+    assert_eq!(one_flow(&e).seq_advance_bytes, 12 * u64::from(MSS));
+}
