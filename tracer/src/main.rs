@@ -388,6 +388,11 @@ struct LabArgs {
     /// it got there.
     #[arg(long, value_name = "N")]
     until_late: Option<u64>,
+    /// The receiver sends no DSACKs: no sender can undo a recovery from
+    /// them, and the classic guest (no timestamps) undoes none, as the
+    /// seed's senders did not.
+    #[arg(long)]
+    no_dsack: bool,
     /// Use IPv6 instead of IPv4.
     #[arg(long)]
     ipv6: bool,
@@ -647,7 +652,7 @@ fn record_cmd(args: RecordArgs, live: bool) -> Result<ExitCode> {
         tracer.mode
     );
     say_missing(&tracer);
-    let mut screen = LiveScreen::open(live, &tracer)?;
+    let mut screen = LiveScreen::open(live, &tracer, Vec::new())?;
     let outcome = collect(
         &mut tracer,
         &mut engine,
@@ -704,7 +709,7 @@ fn collect(
 struct LiveScreen(Option<(tui::Link, tui::Screen)>);
 
 impl LiveScreen {
-    fn open(wanted: bool, tracer: &Tracer) -> Result<Self> {
+    fn open(wanted: bool, tracer: &Tracer, senders: Vec<tui::SenderName>) -> Result<Self> {
         if !wanted || !std::io::stdout().is_terminal() {
             return Ok(Self(None));
         }
@@ -713,7 +718,7 @@ impl LiveScreen {
             traced_on(&tracer.iface, tracer.netns.as_deref()),
             tracer.mode
         );
-        Ok(Self(Some(tui::start(source)?)))
+        Ok(Self(Some(tui::start(source, senders)?)))
     }
 
     fn link(&mut self) -> Option<&mut tui::Link> {
@@ -1047,7 +1052,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
     let mut out = Outputs::open(&args.trace)?;
-    let mut lab = lab::Lab::create(&lab::LabSpec {
+    let spec = lab::LabSpec {
         mode,
         senders: args.sender.iter().fold(Vec::new(), |mut v, &s| {
             if !v.contains(&s) {
@@ -1064,8 +1069,10 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         sender_gso: !args.no_sender_gso,
         truth_out: args.truth.clone(),
         until_late: args.until_late,
+        receiver_dsack: !args.no_dsack,
         wan,
-    })?;
+    };
+    let mut lab = lab::Lab::create(&spec)?;
     let opts = TracerOptions {
         iface: lab::SERVER_IF.to_string(),
         netns: Some(lab.topo.server_ns.clone()),
@@ -1099,7 +1106,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         tracer.mode
     );
     say_missing(&tracer);
-    let mut screen = LiveScreen::open(args.live, &tracer)?;
+    let mut screen = LiveScreen::open(args.live, &tracer, spec.sender_addresses())?;
     lab.start_upload()?;
     let outcome = collect(
         &mut tracer,
@@ -1152,7 +1159,8 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         .snapshot()
         .with_kernel(&outcome.counters)
         .with_linux(Some(linux))
-        .with_resident(outcome.peak_resident_bytes);
+        .with_resident(outcome.peak_resident_bytes)
+        .name_senders(&spec.sender_addresses());
     print_report(
         &snapshot,
         &outcome,

@@ -345,11 +345,40 @@ pub struct FlowReport {
     /// The flow's arrivals replayed through the sender policies (none for
     /// a flow without data).
     pub replay: Option<Replay>,
+    /// What kind of sender it is, when the caller knows its address
+    /// ([`Snapshot::name_senders`]: the lab's senders).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sender: Option<String>,
 }
 
 impl FlowReport {
     pub fn flow(&self) -> String {
         format!("{} -> {}", self.src, self.dst)
+    }
+
+    /// Its mean goodput over its lifetime, Mbit/s: how far its sequence
+    /// numbers advanced (what summary mode kept in the kernel included).
+    pub fn goodput_mbit(&self) -> f64 {
+        if self.duration_s > 0.0 {
+            self.seq_advance_bytes as f64 * 8.0 / self.duration_s / 1e6
+        } else {
+            0.0
+        }
+    }
+}
+
+impl Snapshot {
+    /// Names each flow's sender by its source address (`senders`: address,
+    /// name).
+    pub fn name_senders(mut self, senders: &[(std::net::IpAddr, String)]) -> Self {
+        for f in &mut self.flows {
+            let ip = f.src.parse::<std::net::SocketAddr>().ok().map(|a| a.ip());
+            f.sender = senders
+                .iter()
+                .find(|(a, _)| Some(*a) == ip)
+                .map(|(_, name)| name.clone());
+        }
+        self
     }
 }
 
@@ -419,6 +448,7 @@ pub(crate) fn flow_report(
         duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
         seq_advance_bytes: f.seq_advance(),
         replay: if replay { f.replay(&cfg.replay) } else { None },
+        sender: None,
     }
 }
 

@@ -1094,6 +1094,60 @@ fn guest_senders_of_each_policy_run_their_policy_side_by_side() {
     assert_clean();
 }
 
+/// `--no-dsack`: the receiver sends no DSACKs, so the classic guest, which
+/// has no timestamps either, undoes none of its recoveries: the seed's
+/// sender. Each 200th segment the edge holds 3 ms (about 50 of a 16 MB
+/// upload), long after the classic sender retransmitted it at three
+/// duplicate ACKs: the original reaches the receiver as a duplicate. It
+/// must count duplicates, send no DSACK for them, and the sender undo
+/// nothing.
+#[test]
+fn without_dsacks_the_classic_guest_undoes_nothing() {
+    if !root_or_skip("without_dsacks_the_classic_guest_undoes_nothing") {
+        return;
+    }
+    let r = lab_json(&[
+        "--mode",
+        "pattern",
+        "--pattern",
+        "hold:200:3000",
+        "--sender",
+        "classic",
+        "--flows",
+        "1",
+        "--no-dsack",
+        "--bytes",
+        "16M",
+        "--duration",
+        "60",
+    ]);
+    let lab = &r["lab"];
+    let receiver = &lab["receiver_counters"];
+    let duplicates = u(&receiver["TcpExtDelayedACKLost"]) + u(&receiver["TcpExtTCPOFOMerge"]);
+    assert!(
+        duplicates >= 1,
+        "no duplicate reached the receiver: {receiver}"
+    );
+    assert_eq!(u(&receiver["TcpExtTCPDSACKOldSent"]), 0, "{receiver}");
+    assert_eq!(u(&receiver["TcpExtTCPDSACKOfoSent"]), 0, "{receiver}");
+    let guest = &lab["senders"][0]["guest"];
+    let counters = &guest["counters"];
+    assert!(u(&counters["TcpExtTCPSackRecovery"]) >= 1, "{counters}");
+    for undo in [
+        "TcpExtTCPDSACKRecv",
+        "TcpExtTCPDSACKUndo",
+        "TcpExtTCPFullUndo",
+        "TcpExtTCPPartialUndo",
+        "TcpExtTCPLossUndo",
+    ] {
+        assert_eq!(u(&counters[undo]), 0, "{undo}: {counters}");
+    }
+    for (_, _, s) in flows(&r) {
+        assert_eq!(u(&s["received"]), u(&s["sent"]), "{s}");
+    }
+    assert_clean();
+}
+
 /// A guest sender goes with its lab: stopped by SIGINT (the report then
 /// has its flow), killed by the janitor on SIGKILL; no process or file of
 /// it is left either way.

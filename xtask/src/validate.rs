@@ -478,7 +478,9 @@ fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
     Some((median, v[0], v[v.len() - 1]))
 }
 
-pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
+/// What every statistical command checks and builds first: K >= 1, root,
+/// the release tracer (its path returned).
+pub(crate) fn prepare(runs: u32) -> Result<std::path::PathBuf> {
     if runs == 0 {
         bail!("--runs 0: give K >= 1");
     }
@@ -486,7 +488,11 @@ pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
         bail!("validate runs the lab, which needs root: rerun as root");
     }
     sh(cargo().args(["build", "--release", "--package", "tracer"]))?;
-    let bin = root_dir().join("target/release/tracer");
+    Ok(root_dir().join("target/release/tracer"))
+}
+
+pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
+    let bin = prepare(runs)?;
     let chosen: Vec<&Experiment> = EXPERIMENTS
         .iter()
         .filter(|e| only.is_empty() || only.iter().any(|o| e.name.contains(o.as_str())))

@@ -85,6 +85,11 @@ fn subnet(index: usize) -> (String, String) {
     (format!("10.77.{net}.2"), format!("10.77.{net}.1"))
 }
 
+/// Guest `index`'s address: its flows' source.
+pub fn address(index: usize) -> std::net::IpAddr {
+    subnet(index).0.parse().expect("a literal address")
+}
+
 impl Guest {
     /// Boots guest `index` of kind `kind` in the client's namespace and
     /// starts its upload to `to`.

@@ -472,6 +472,10 @@ pub struct LabSpec {
     pub until_late: Option<u64>,
     /// The path between the senders and the edge.
     pub wan: WanSpec,
+    /// Whether the receiver sends DSACKs (RFC 2883). Without them no
+    /// sender can undo a recovery from them, and the classic guest, which
+    /// has no timestamps either, undoes none: the seed's senders.
+    pub receiver_dsack: bool,
 }
 
 impl LabSpec {
@@ -491,7 +495,28 @@ impl LabSpec {
             truth_out: None,
             until_late: None,
             wan: WanSpec::default(),
+            receiver_dsack: true,
         }
+    }
+}
+
+impl LabSpec {
+    /// Each sender's address (its flows' source) and kind: the names the
+    /// snapshot gives flows ([`crate::snapshot::Snapshot::name_senders`]).
+    pub fn sender_addresses(&self) -> Vec<(std::net::IpAddr, String)> {
+        let host = if self.ipv6 { CLIENT_V6 } else { CLIENT_V4 };
+        let mut guests = 0..;
+        self.senders
+            .iter()
+            .map(|&kind| {
+                let address = if kind.in_guest() {
+                    guest::address(guests.next().expect("unbounded"))
+                } else {
+                    host.parse().expect("a literal address")
+                };
+                (address, kind.to_string())
+            })
+            .collect()
     }
 }
 
@@ -535,6 +560,8 @@ pub struct LabOutcome {
     /// The WAN path's delay line and bottleneck, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wan: Option<WanReport>,
+    /// Whether the receiver sent DSACKs (`--no-dsack`: not).
+    pub receiver_dsack: bool,
 }
 
 /// One sender: its kind and, for a guest, its kernel, its sysctls as it
@@ -585,6 +612,9 @@ impl Lab {
             write_sysctl("net.ipv4.ip_forward", "1")?;
             write_sysctl("net.ipv4.ip_local_port_range", &guest::host_port_range())
         })??;
+        if !spec.receiver_dsack {
+            in_netns(&topo.server_ns, || write_sysctl("net.ipv4.tcp_dsack", "0"))??;
+        }
         if spec.senders.iter().any(|s| s.in_guest()) {
             guest::route_guests(&topo)?;
         }
@@ -720,6 +750,7 @@ impl Lab {
             dropped_on_the_way,
             dropped_before_the_edge,
             wan,
+            receiver_dsack: self.spec.receiver_dsack,
         })
     }
 }

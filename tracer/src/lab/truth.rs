@@ -217,6 +217,10 @@ pub const RECEIVER_COUNTERS: &[&str] = &[
     // Segments received entirely below rcv_nxt: duplicates (a spurious
     // retransmission or its late original), DSACKed when SACK is on.
     "DelayedACKLost",
+    // DSACKs sent for them, and for segments already queued out of order
+    // (none with `--no-dsack`).
+    "TCPDSACKOldSent",
+    "TCPDSACKOfoSent",
     // Segments the socket's full backlog dropped: past XDP, never at TCP.
     "TCPBacklogDrop",
     // Segments TCP dropped for want of receive memory or window, and

@@ -74,9 +74,9 @@ pub struct PolicyOutcome {
     pub loss_probes: u64,
     /// Window reductions (recoveries not undone) per data segment.
     pub loss_event_rate: f64,
-    /// CUBIC (β 0.7, C 0.4) driven by its episodes, capped by the
-    /// bottleneck: the trace's recovery pattern repeated over at least
-    /// 2000 round trips (steady state), starting at the bottleneck.
+    /// CUBIC (β 0.7, C 0.4) over the flow's own transfer: slow start
+    /// from 10 segments, a reduction at each recovery not undone where the
+    /// trace put it, capped by the bottleneck and its queue.
     pub estimated_goodput_bps: f64,
     pub reno_goodput_bps: f64,
     /// Closed forms at `loss_event_rate`, as a cross-check.

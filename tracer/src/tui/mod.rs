@@ -2,9 +2,10 @@
 //! terminal UI over samples of the engine.
 //!
 //! The collector owns the engine and, four times a second, hands a sample
-//! (a [`Snapshot`] without the replays, the rates, and the selected flow's
-//! replay at most once a second) to the screen's thread through a channel
-//! that never blocks it: a sample the screen has not taken yet is dropped.
+//! (a [`Snapshot`], the rates, and the flows' replays as last taken: at
+//! most one flow replayed per sample, the selected one first, each at most
+//! once a second) to the screen's thread through a channel that never
+//! blocks it: a sample the screen has not taken yet is dropped.
 //! The screen's thread owns the terminal (restored on exit, on error and on
 //! panic), draws with [`render`] (a pure function of the sample and the
 //! [`ViewState`]) and sends back what keys ask: quit, reset, the selected
@@ -38,6 +39,9 @@ pub use view::{Action, Sort, ViewState};
 
 use crate::{engine::Engine, kernel::Counters, replay::Replay, snapshot::Snapshot};
 
+/// A sender's address and what to call its flows.
+pub type SenderName = (std::net::IpAddr, String);
+
 /// How often the collector samples and the screen redraws.
 pub const FRAME: Duration = Duration::from_millis(250);
 /// Flows a sample carries (the most reordered; the screen shows fewer).
@@ -56,8 +60,6 @@ pub struct Sample {
     pub segments_per_s: f64,
     pub mbit_per_s: f64,
     pub dropped: u64,
-    /// The selected flow (`src -> dst`) and its replay.
-    pub replay: Option<(String, Replay)>,
 }
 
 enum Message {
@@ -83,7 +85,9 @@ pub struct Link {
     /// When the last rates were taken, and the segments and payload bytes
     /// then.
     rates_from: Option<(Instant, (u64, u64))>,
-    replay: Option<(String, Replay, Instant)>,
+    /// Flows' replays (`src -> dst`) and when each was taken.
+    replays: std::collections::HashMap<String, (Replay, Instant)>,
+    senders: Vec<SenderName>,
     next_sample: Instant,
 }
 
@@ -112,7 +116,7 @@ impl Link {
         if self.control.reset.swap(false, Ordering::SeqCst) {
             engine.reset();
             self.rates_from = None;
-            self.replay = None;
+            self.replays.clear();
         }
         let now = Instant::now();
         let live = engine.live();
@@ -131,31 +135,65 @@ impl Link {
         };
         self.rates_from = Some((now, totals));
         let selected = self.control.selected.lock().expect("not poisoned").clone();
-        if let Some(flow) = selected.clone() {
-            let stale = self
-                .replay
-                .as_ref()
-                .is_none_or(|(f, _, at)| *f != flow || now - *at >= REPLAY_EVERY);
-            if stale {
-                let replay = flow
-                    .split_once(" -> ")
-                    .and_then(|(src, dst)| engine.replay_of(src, dst));
-                self.replay = replay.map(|r| (flow, r, now));
-            }
+        let mut snapshot = engine
+            .live_snapshot(MAX_SHOWN_FLOWS, selected.as_deref())
+            .with_kernel(counters)
+            .name_senders(&self.senders);
+        self.replay_one(engine, &snapshot, selected.as_deref(), now);
+        for f in &mut snapshot.flows {
+            f.replay = self.replays.get(&f.flow()).map(|(r, _)| r.clone());
         }
         let sample = Sample {
-            snapshot: engine
-                .live_snapshot(MAX_SHOWN_FLOWS, selected.as_deref())
-                .with_kernel(counters),
+            snapshot,
             source: self.source.clone(),
             elapsed,
             segments_per_s,
             mbit_per_s,
             dropped: counters.dropped(),
-            replay: self.replay.as_ref().map(|(f, r, _)| (f.clone(), r.clone())),
         };
         // The screen has not taken the last one: this one waits no more.
         let _ = self.tx.try_send(Message::Sample(Box::new(sample)));
+    }
+
+    /// Replays one flow of `shown` (the selected flow first) whose replay
+    /// is missing or older than [`REPLAY_EVERY`]: the stalest. Forgets the
+    /// replays of flows no longer shown.
+    fn replay_one(
+        &mut self,
+        engine: &Engine,
+        shown: &Snapshot,
+        selected: Option<&str>,
+        now: Instant,
+    ) {
+        let keys: Vec<String> = shown.flows.iter().map(|f| f.flow()).collect();
+        self.replays.retain(|k, _| keys.contains(k));
+        let age = |k: &str| {
+            self.replays
+                .get(k)
+                .map_or(Duration::MAX, |(_, at)| now.saturating_duration_since(*at))
+        };
+        let due = selected
+            .filter(|k| keys.iter().any(|s| s == k) && age(k) >= REPLAY_EVERY)
+            .map(str::to_string)
+            .or_else(|| {
+                keys.iter()
+                    .filter(|k| age(k) >= REPLAY_EVERY)
+                    .max_by_key(|k| age(k))
+                    .cloned()
+            });
+        let Some(flow) = due else { return };
+        let replay = flow
+            .split_once(" -> ")
+            .and_then(|(src, dst)| engine.replay_of(src, dst));
+        match replay {
+            Some(r) => {
+                self.replays.insert(flow, (r, now));
+            }
+            // No data yet: asked again next time, after the others.
+            None => {
+                self.replays.remove(&flow);
+            }
+        }
     }
 
     /// The collection ended; the view stays until `q`.
@@ -183,8 +221,9 @@ impl Screen {
     }
 }
 
-/// Opens the view on this terminal. `source`: what the header names.
-pub fn start(source: String) -> Result<(Link, Screen)> {
+/// Opens the view on this terminal. `source`: what the header names;
+/// `senders`: names for the flows of known senders (the lab's).
+pub fn start(source: String, senders: Vec<SenderName>) -> Result<(Link, Screen)> {
     let (tx, rx) = sync_channel(1);
     let control = Arc::new(Control::default());
     let screen_control = control.clone();
@@ -197,7 +236,8 @@ pub fn start(source: String) -> Result<(Link, Screen)> {
         control,
         source,
         rates_from: Some((Instant::now(), (0, 0))),
-        replay: None,
+        replays: Default::default(),
+        senders,
         next_sample: Instant::now() + FRAME,
     };
     Ok((link, Screen { thread }))
@@ -297,6 +337,10 @@ pub(crate) mod tests {
     /// Two flows: one moved between queues and CPUs with segments left
     /// behind on the old path (steering), one in order.
     pub(crate) fn sample_snapshot() -> Snapshot {
+        sample_engine().live_snapshot(200, None)
+    }
+
+    fn sample_engine() -> Engine {
         let mut e = Engine::new(EngineConfig::default());
         let flow = |port: u16| Flow {
             src: format!("10.0.0.1:{port}").parse().unwrap(),
@@ -343,7 +387,7 @@ pub(crate) mod tests {
         for n in 0..200 {
             e.segment(&seg(calm, n, 10 + u64::from(n), 2, 0));
         }
-        e.live_snapshot(200, None)
+        e
     }
 
     fn sample(dropped: u64) -> Sample {
@@ -354,7 +398,6 @@ pub(crate) mod tests {
             segments_per_s: 215_000.0,
             mbit_per_s: 2480.5,
             dropped,
-            replay: None,
         }
     }
 
@@ -459,6 +502,67 @@ pub(crate) mod tests {
         view.help = true;
         let screen = text(&draw(80, 24, Some(&s), &view));
         assert!(screen.contains("start the counters over"), "{screen}");
+    }
+
+    /// The collector names the lab's senders and replays one flow per
+    /// sample, each at most once a second: after the first sample one flow
+    /// has its estimates, after the second both, and the table shows them.
+    #[test]
+    fn samples_name_senders_and_carry_each_flows_replay() {
+        let mut engine = sample_engine();
+        let (tx, rx) = sync_channel(1);
+        let mut link = Link {
+            tx,
+            control: Arc::default(),
+            source: "veth-s".into(),
+            rates_from: None,
+            replays: Default::default(),
+            senders: vec![("10.0.0.1".parse().unwrap(), "classic".into())],
+            next_sample: Instant::now(),
+        };
+        let mut take = |link: &mut Link| {
+            link.tick(&mut engine, &Counters::default(), Duration::from_secs(1));
+            match rx.try_recv() {
+                Ok(Message::Sample(s)) => *s,
+                _ => panic!("no sample"),
+            }
+        };
+        let first = take(&mut link);
+        let replayed = |s: &Sample| {
+            s.snapshot
+                .flows
+                .iter()
+                .filter(|f| f.replay.is_some())
+                .count()
+        };
+        assert_eq!(replayed(&first), 1);
+        assert!(first
+            .snapshot
+            .flows
+            .iter()
+            .all(|f| f.sender.as_deref() == Some("classic")));
+        let second = take(&mut link);
+        assert_eq!(replayed(&second), 2);
+        // Within the second nothing is replayed again: the same estimates.
+        let third = take(&mut link);
+        for (a, b) in second.snapshot.flows.iter().zip(&third.snapshot.flows) {
+            assert_eq!(a.replay, b.replay);
+        }
+        let screen = text(&draw(120, 30, Some(&third), &ViewState::default()));
+        for want in ["sender", "~classic", "~rack", "classic"] {
+            assert!(screen.contains(want), "{want:?} missing from\n{screen}");
+        }
+        let f = &third.snapshot.flows[0];
+        let rack = f
+            .replay
+            .as_ref()
+            .unwrap()
+            .policies
+            .iter()
+            .find(|p| p.name == "rack-tlp")
+            .unwrap();
+        let shown = format!("{:.1}", rack.estimated_goodput_bps / 1e6);
+        assert!(screen.contains(&shown), "{shown} missing from\n{screen}");
     }
 
     #[test]

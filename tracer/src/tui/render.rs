@@ -8,14 +8,8 @@ use ratatui::{
     Frame,
 };
 
-use super::{
-    view::{mbit_per_s, ViewState},
-    Sample,
-};
-use crate::{
-    replay::Replay,
-    snapshot::{Distribution, PathReport, Reordering},
-};
+use super::{view::ViewState, Sample};
+use crate::snapshot::{Distribution, FlowReport, PathReport, Reordering};
 
 /// The smallest terminal the view is laid out for.
 pub const MIN_WIDTH: u16 = 80;
@@ -71,7 +65,7 @@ pub fn render(frame: &mut Frame, sample: Option<&Sample>, view: &ViewState) {
         None => &sample.snapshot.totals.paths,
     };
     frame.render_widget(path_matrix(paths, matrix.height.saturating_sub(3)), matrix);
-    frame.render_widget(replay_panel(sample, selected.map(|f| f.flow())), replay);
+    frame.render_widget(replay_panel(selected), replay);
     frame.render_widget(key_line(view), keys);
     if view.help {
         help(frame, area);
@@ -173,39 +167,75 @@ fn histogram(title: &str, d: &Distribution) -> Paragraph<'static> {
     Paragraph::new(lines).block(block)
 }
 
+/// The replay's estimate for `policy`, Mbit/s ("-" before the first
+/// replay).
+fn estimate(f: &FlowReport, policy: &str) -> String {
+    f.replay
+        .as_ref()
+        .and_then(|r| r.policies.iter().find(|p| p.name == policy))
+        .map_or("-".to_string(), |p| {
+            format!("{:.1}", p.estimated_goodput_bps / 1e6)
+        })
+}
+
+/// A row per flow: its sender (when known), its goodput, what the replay
+/// estimates classic and RACK-TLP senders would have carried, its
+/// reordering.
 fn flows_table(frame: &mut Frame, area: Rect, sample: &Sample, view: &ViewState) {
     let flows = view.sorted(&sample.snapshot);
+    // As wide as the longest sender's name (none known: no column).
+    let senders = flows
+        .iter()
+        .filter_map(|f| f.sender.as_deref().map(str::len))
+        .max()
+        .map(|w| w.max("sender".len()) as u16);
     let rows: Vec<Row> = flows
         .iter()
         .map(|f| {
             let n3 = f.n_reordering.get(2).map_or(0, |n| n.count);
-            Row::new(vec![
-                Cell::from(format!("{} > {}", f.src, f.dst)),
-                Cell::from(format!("{:>8.1}", mbit_per_s(f))),
+            let mut cells = vec![Cell::from(format!("{} > {}", f.src, f.dst))];
+            if senders.is_some() {
+                cells.push(Cell::from(f.sender.clone().unwrap_or_default()));
+            }
+            cells.extend([
+                Cell::from(format!("{:>8.1}", f.goodput_mbit())),
+                Cell::from(format!("{:>8}", estimate(f, "classic"))),
+                Cell::from(format!("{:>8}", estimate(f, "rack-tlp"))),
                 Cell::from(format!("{:>6.2}", f.reordered_ratio * 100.0)),
                 Cell::from(format!("{:>6}", si(n3 as f64))),
                 Cell::from(format!("{:>5}", f.queue_migrations)),
                 Cell::from(f.verdict.to_string()),
-            ])
+            ]);
+            Row::new(cells)
         })
         .collect();
-    let header = Row::new(["flow", "  Mbit/s", "reord%", "   n=3", " migr", "verdict"])
-        .style(Style::default().add_modifier(Modifier::BOLD));
-    let table = Table::new(
-        rows,
-        [
-            Constraint::Min(28),
-            Constraint::Length(8),
-            Constraint::Length(6),
-            Constraint::Length(6),
-            Constraint::Length(5),
-            Constraint::Length(12),
-        ],
-    )
-    .header(header)
-    .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
-    .highlight_symbol("> ")
-    .block(Block::bordered().title(format!("flows (sorted by {})", view.sort.name())));
+    let mut header = vec!["flow"];
+    let mut widths = vec![Constraint::Min(28)];
+    if let Some(width) = senders {
+        header.push("sender");
+        widths.push(Constraint::Length(width));
+    }
+    header.extend([
+        "  Mbit/s", "~classic", "   ~rack", "reord%", "   n=3", " migr", "verdict",
+    ]);
+    widths.extend([
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(6),
+        Constraint::Length(6),
+        Constraint::Length(5),
+        Constraint::Length(12),
+    ]);
+    let header = Row::new(header).style(Style::default().add_modifier(Modifier::BOLD));
+    let table = Table::new(rows, widths)
+        .header(header)
+        .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED))
+        .highlight_symbol("> ")
+        .block(Block::bordered().title(format!(
+            "flows (sorted by {}; ~: the replay's estimate, Mbit/s)",
+            view.sort.name()
+        )));
     let at = view
         .selected
         .as_deref()
@@ -251,19 +281,14 @@ fn path_matrix(paths: &[PathReport], rows: u16) -> Paragraph<'static> {
     Paragraph::new(lines).block(block)
 }
 
-fn replay_panel(sample: &Sample, selected: Option<String>) -> Paragraph<'_> {
+fn replay_panel(selected: Option<&FlowReport>) -> Paragraph<'_> {
     let block = Block::bordered().title("replay: classic vs RACK-TLP");
     let Some(flow) = selected else {
         return Paragraph::new("select a flow (arrows) for what other senders would have done")
             .wrap(Wrap { trim: true })
             .block(block);
     };
-    let replay: Option<&Replay> = sample
-        .replay
-        .as_ref()
-        .filter(|(f, _)| *f == flow)
-        .map(|(_, r)| r);
-    let Some(r) = replay else {
+    let Some(r) = flow.replay.as_ref() else {
         return Paragraph::new("replaying...").block(block);
     };
     let mut lines: Vec<Line> = r

@@ -61,23 +61,13 @@ pub struct ViewState {
     pub finished: Option<String>,
 }
 
-/// A flow's mean goodput over its lifetime, Mbit/s: how far its sequence
-/// numbers advanced (what summary mode kept in the kernel included).
-pub fn mbit_per_s(f: &FlowReport) -> f64 {
-    if f.duration_s > 0.0 {
-        f.seq_advance_bytes as f64 * 8.0 / f.duration_s / 1e6
-    } else {
-        0.0
-    }
-}
-
 impl ViewState {
     /// The snapshot's flows in the table's order.
     pub fn sorted<'a>(&self, s: &'a Snapshot) -> Vec<&'a FlowReport> {
         let mut v: Vec<&FlowReport> = s.flows.iter().collect();
         match self.sort {
             Sort::Reordered => v.sort_by_key(|f| std::cmp::Reverse(f.reordered)),
-            Sort::Throughput => v.sort_by(|a, b| mbit_per_s(b).total_cmp(&mbit_per_s(a))),
+            Sort::Throughput => v.sort_by(|a, b| b.goodput_mbit().total_cmp(&a.goodput_mbit())),
             Sort::Migrations => v.sort_by_key(|f| std::cmp::Reverse(f.queue_migrations)),
             Sort::Flow => v.sort_by(|a, b| (&a.src, &a.dst).cmp(&(&b.src, &b.dst))),
         }
@@ -177,7 +167,7 @@ mod tests {
         // By throughput, the faster flow comes first.
         v.sort = Sort::Throughput;
         let fast = v.sorted(&s);
-        assert!(mbit_per_s(fast[0]) >= mbit_per_s(fast[1]));
+        assert!(fast[0].goodput_mbit() >= fast[1].goodput_mbit());
         assert_eq!(press(&mut v, KeyCode::Char('p'), &s), Action::None);
         assert!(v.paused);
         press(&mut v, KeyCode::Char('?'), &s);
