@@ -559,6 +559,19 @@ pub struct Assumptions {
     pub ack_log_shed: bool,
 }
 
+impl Assumptions {
+    /// How long one full segment takes at the bottleneck, ns (never more
+    /// than the mean send interval): the spacing of back-to-back arrivals.
+    pub fn segment_gap_ns(&self) -> u64 {
+        let at_bottleneck = if self.bottleneck_bps > 0.0 {
+            f64::from(self.mss_bytes) * 8.0 / self.bottleneck_bps * 1e9
+        } else {
+            f64::INFINITY
+        };
+        at_bottleneck.min(self.send_interval_us * 1000.0) as u64
+    }
+}
+
 /// RTT when neither the trace nor the user gives one.
 pub const DEFAULT_RTT_US: f64 = 1000.0;
 /// The bottleneck's queue when the user gives none: one bandwidth-delay

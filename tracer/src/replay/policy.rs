@@ -120,6 +120,9 @@ struct Recovery<'a> {
     /// Spacing of those retransmissions, ns, when the receiver's TCP layer
     /// is not in the trace.
     rtx_interval: u64,
+    /// The spacing of the arrivals (each an ACK) around the current late
+    /// segment, when known: it clocks retransmissions out instead.
+    ack_gap: Option<u64>,
     /// The receiver's TCP-layer arrivals, when traced: each is an ACK, and
     /// PRR clocks retransmissions out by them (β per delivery).
     deliveries: &'a [TcpArrival],
@@ -183,7 +186,10 @@ impl<'a> Recovery<'a> {
     /// send interval over β.
     fn next_rtx(&mut self, sent: u64) -> u64 {
         if self.deliveries.is_empty() {
-            return sent + self.rtx_interval;
+            return sent
+                + self
+                    .ack_gap
+                    .map_or(self.rtx_interval, |g| (g as f64 / PRR_RATIO) as u64);
         }
         self.prr_credit += 1.0 / PRR_RATIO;
         let step = self.prr_credit.floor() as usize;
@@ -230,7 +236,11 @@ impl<'a> Recovery<'a> {
             self.episodes += 1;
             self.spurious_episodes += u64::from(original.is_some());
             self.starts.push(marked as f64 / 1e9);
-            self.until = marked;
+            // RFC 6675: recovery lasts until what was sent when it began is
+            // acknowledged, a round trip; reordering within it costs
+            // retransmissions but no further reduction. (With undo, a
+            // recovery its originals prove spurious ends when they arrive.)
+            self.until = if self.undo { marked } else { marked + self.rtt };
             self.rtx_clock = marked;
         }
         let sent = self.rtx_clock.max(marked);
@@ -335,7 +345,10 @@ enum Change {
 impl Policy {
     pub fn run(&self, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
         let mss = u64::from(a.mss_bytes.max(1));
-        let tau = (a.send_interval_us * 1000.0) as u64;
+        // Segments that overtake a late one come back to back, at the
+        // bottleneck's pace, not the flow's mean send interval (a slow
+        // flow sends in bursts): when the thr-th of them arrives.
+        let gap = a.segment_gap_ns();
         let rtt = (a.rtt_us * 1000.0) as u64;
         let undo = match *self {
             Policy::Classic { undo, .. }
@@ -386,7 +399,7 @@ impl Policy {
             _ => match *self {
                 Policy::Classic { dupthresh, .. } => {
                     for e in events(log) {
-                        classic_step(&mut r, &e, dupthresh, mss, tau);
+                        classic_step(&mut r, &e, dupthresh, mss, gap);
                     }
                 }
                 Policy::LinuxAdaptive { initial, max, .. } => {
@@ -396,7 +409,7 @@ impl Policy {
                         let at = e.opened();
                         let i = history.partition_point(|&(t, _)| t <= at);
                         let thr = history[i.saturating_sub(1)].1;
-                        classic_step(&mut r, &e, thr, mss, tau);
+                        classic_step(&mut r, &e, thr, mss, gap);
                         if let Event::Late(l) = e {
                             // Reordering seen when its SACK arrives: raise
                             // the threshold to its degree.
@@ -462,19 +475,27 @@ impl Policy {
 
 /// Threshold marking: lost once more than (thr - 1) segments' bytes above
 /// are SACKed, i.e. when the thr-th segment above arrives.
-fn classic_step(r: &mut Recovery, e: &Event<'_>, thr: u32, mss: u64, tau: u64) {
+fn classic_step(r: &mut Recovery, e: &Event<'_>, thr: u32, mss: u64, gap: u64) {
     let thr = u64::from(thr.max(1));
     match *e {
         Event::Late(l) => {
             if l.bytes_above > (thr - 1) * mss {
-                let marked = (l.overtaken_ns + (thr - 1) * tau).min(l.arrived_ns);
+                // The segments above it arrived between its hole's opening
+                // and itself (an edge's queue releases them in a burst far
+                // faster than the path's pace): the thr-th of them, taken
+                // as evenly spaced over that time, is when it was marked.
+                let above = (l.bytes_above / mss).max(thr);
+                let span = l.arrived_ns.saturating_sub(l.overtaken_ns);
+                let marked = l.overtaken_ns + span * (thr - 1) / above;
+                r.ack_gap = Some(span / above);
                 r.lost(marked, Some((l.arrived_ns, l.bytes_above / mss)));
+                r.ack_gap = None;
             } else {
                 r.original_delivered(l.arrived_ns);
             }
         }
         Event::Loss { opened, .. } => {
-            r.lost(opened + (thr - 1) * tau, None);
+            r.lost(opened + (thr - 1) * gap, None);
         }
     }
 }
@@ -663,6 +684,41 @@ mod tests {
         // passes.
         late(&mut log, 60_000, 400, 3);
         assert_eq!(spurious(&log, "rack-tlp"), 1);
+    }
+
+    /// An edge's queue releases a block late behind a burst: the classic
+    /// sender hears three duplicate ACKs within the burst and retransmits
+    /// one segment per ACK after, each before its original's ACK comes,
+    /// however slowly the flow sends on average (here a segment per ms).
+    #[test]
+    fn a_burst_clocks_classic_retransmissions_however_slow_the_flow() {
+        let mut log = FlowLog::default();
+        for i in 0..1_000 {
+            log.arrival(1_000_000 + i * 1_000_000, MSS);
+        }
+        // Ten segments overtake five in 100 us; the five come 10 us apart
+        // after them.
+        for k in 0..5 {
+            late(&mut log, 20_000, 100 + 10 * k, 10);
+        }
+        assert_eq!(spurious(&log, "classic"), 5);
+    }
+
+    /// RFC 6675: a recovery lasts until what was outstanding when it began
+    /// is acknowledged, a round trip; a second reordering within it costs
+    /// retransmissions but no second reduction.
+    #[test]
+    fn a_classic_recovery_lasts_a_round_trip() {
+        let mut log = clean(10_000);
+        late(&mut log, 20_000, 100, 5);
+        late(&mut log, 20_500, 100, 5);
+        late(&mut log, 40_000, 100, 5);
+        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false);
+        let classic = r.policies.iter().find(|p| p.name == "classic").unwrap();
+        assert_eq!(
+            (classic.recovery_episodes, classic.spurious_retransmissions),
+            (2, 3)
+        );
     }
 
     #[test]
