@@ -1089,13 +1089,18 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     args.trace.report.fit_memory(&mut engine)?;
     out.file.begin(&tracer, &args.trace)?;
     eprintln!(
-        "lab: {} x {}{:.0} MB upload over {} (kernel TCP{}) through {wan} and an edge in mode {mode}; {} queues; traced on the server with XDP {}",
+        "lab: {} x {}{:.0} MB upload from each of {} over {}{} through {wan} and an edge in mode {mode}; {} queues; traced on the server with XDP {}",
         args.flows,
         match args.until_late {
             Some(n) => format!("(until {n} late segments each) at most "),
             None => String::new(),
         },
         bytes as f64 / 1e6,
+        spec.senders
+            .iter()
+            .map(|s| format!("{s}{}", if s.in_guest() { " (Linux 6.1 guest)" } else { " (this kernel)" }))
+            .collect::<Vec<_>>()
+            .join(", "),
         if args.ipv6 { "IPv6" } else { "IPv4" },
         if pace > 0.0 {
             format!(", paced to {pace} Mbit/s per flow")
