@@ -407,30 +407,18 @@ pub fn lab(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
 /// with both a classic and a reorder-tolerant sender, the seed's
 /// conclusion in these numbers.
 fn senders_goodput(s: &Snapshot) -> String {
-    struct Kind<'a> {
-        name: &'a str,
+    /// A sender's flows: how many, their goodput, the replay's estimates.
+    #[derive(Default)]
+    struct Kind {
         flows: usize,
         mbit: f64,
         classic: f64,
         rack: f64,
     }
-    let mut kinds: Vec<Kind> = Vec::new();
+    let mut kinds: std::collections::BTreeMap<&str, Kind> = Default::default();
     for f in &s.flows {
         let Some(name) = f.sender.as_deref() else {
             continue;
-        };
-        let k = match kinds.iter().position(|k| k.name == name) {
-            Some(i) => &mut kinds[i],
-            None => {
-                kinds.push(Kind {
-                    name,
-                    flows: 0,
-                    mbit: 0.0,
-                    classic: 0.0,
-                    rack: 0.0,
-                });
-                kinds.last_mut().expect("just pushed")
-            }
         };
         let estimate = |policy: &str| {
             f.replay
@@ -438,18 +426,18 @@ fn senders_goodput(s: &Snapshot) -> String {
                 .and_then(|r| r.policies.iter().find(|p| p.name == policy))
                 .map_or(0.0, |p| p.estimated_goodput_bps / 1e6)
         };
+        let k = kinds.entry(name).or_default();
         k.flows += 1;
         k.mbit += f.goodput_mbit();
         k.classic += estimate("classic");
         k.rack += estimate("rack-tlp");
     }
-    kinds.sort_by_key(|k| k.name);
     let mut out = String::new();
-    for k in &kinds {
+    for (name, k) in &kinds {
         let _ = writeln!(
             out,
             "  goodput    {} sender: {:.1} Mbit/s over {} flow{}; the replay, from what the receiver saw: a classic sender {:.1}, RACK-TLP {:.1}",
-            k.name,
+            name,
             k.mbit,
             k.flows,
             if k.flows == 1 { "" } else { "s" },
@@ -457,16 +445,16 @@ fn senders_goodput(s: &Snapshot) -> String {
             k.rack
         );
     }
-    let classic = kinds.iter().find(|k| k.name == "classic");
-    let tolerant = kinds
-        .iter()
-        .find(|k| k.name == "rack-tlp" || k.name == "host");
-    if let (Some(c), Some(t)) = (classic, tolerant) {
+    let classic = kinds.get("classic");
+    let tolerant = ["rack-tlp", "host"]
+        .into_iter()
+        .find_map(|name| kinds.get(name).map(|k| (name, k)));
+    if let (Some(c), Some((t_name, t))) = (classic, tolerant) {
         if c.mbit > 0.0 && c.classic > 0.0 {
             let _ = writeln!(
                 out,
                 "  conclusion through the same reordering and path, the {} sender (RACK-TLP) carried {:.1}x what the classic sender did ({:.1} against {:.1} Mbit/s); from the classic sender's flows alone, the replay estimated {:.1}x",
-                t.name,
+                t_name,
                 t.mbit / c.mbit,
                 t.mbit,
                 c.mbit,

@@ -120,9 +120,6 @@ struct Recovery<'a> {
     /// Spacing of those retransmissions, ns, when the receiver's TCP layer
     /// is not in the trace.
     rtx_interval: u64,
-    /// The spacing of the arrivals (each an ACK) around the current late
-    /// segment, when known: it clocks retransmissions out instead.
-    ack_gap: Option<u64>,
     /// The receiver's TCP-layer arrivals, when traced: each is an ACK, and
     /// PRR clocks retransmissions out by them (β per delivery).
     deliveries: &'a [TcpArrival],
@@ -182,14 +179,12 @@ impl<'a> Recovery<'a> {
     }
 
     /// When the retransmission after one sent at `sent` can go: after
-    /// 1/β more deliveries (ACKs) when they are known, else at the mean
-    /// send interval over β.
-    fn next_rtx(&mut self, sent: u64) -> u64 {
+    /// 1/β more deliveries (ACKs) when they are known, else at the spacing
+    /// of the arrivals around it (`ack_gap`) or the mean send interval,
+    /// over β.
+    fn next_rtx(&mut self, sent: u64, ack_gap: Option<u64>) -> u64 {
         if self.deliveries.is_empty() {
-            return sent
-                + self
-                    .ack_gap
-                    .map_or(self.rtx_interval, |g| (g as f64 / PRR_RATIO) as u64);
+            return sent + ack_gap.map_or(self.rtx_interval, |g| (g as f64 / PRR_RATIO) as u64);
         }
         self.prr_credit += 1.0 / PRR_RATIO;
         let step = self.prr_credit.floor() as usize;
@@ -224,7 +219,9 @@ impl<'a> Recovery<'a> {
     /// reduction bound: marking many segments lost empties the pipe): one
     /// per segment delivered in the episode, so a retransmission goes out
     /// before its original arrives only if enough was delivered by then.
-    fn lost(&mut self, marked: u64, original: Option<(u64, u64)>) -> Marked {
+    /// `ack_gap`: the spacing of the arrivals (each an ACK) around it, when
+    /// known.
+    fn lost(&mut self, marked: u64, original: Option<(u64, u64)>, ack_gap: Option<u64>) -> Marked {
         if !self.in_recovery(marked) {
             self.close_episode();
             self.first_rtx = None;
@@ -255,7 +252,7 @@ impl<'a> Recovery<'a> {
             }
             Some((arrived, _)) => {
                 self.episode_rtx += 1;
-                self.rtx_clock = self.next_rtx(sent);
+                self.rtx_clock = self.next_rtx(sent, ack_gap);
                 self.until = self.until.max(arrived.min(sent + self.rtt));
                 self.spurious += 1;
                 self.first_rtx.get_or_insert(sent);
@@ -263,7 +260,7 @@ impl<'a> Recovery<'a> {
             }
             None => {
                 self.episode_rtx += 1;
-                self.rtx_clock = self.next_rtx(sent);
+                self.rtx_clock = self.next_rtx(sent, ack_gap);
                 self.until = self.until.max(sent + self.rtt);
                 self.first_rtx.get_or_insert(sent);
                 self.real = true;
@@ -345,9 +342,10 @@ enum Change {
 impl Policy {
     pub fn run(&self, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
         let mss = u64::from(a.mss_bytes.max(1));
-        // Segments that overtake a late one come back to back, at the
-        // bottleneck's pace, not the flow's mean send interval (a slow
-        // flow sends in bursts): when the thr-th of them arrives.
+        // A real loss's hole is overtaken by segments back to back at the
+        // bottleneck's pace, not the flow's mean send interval (a slow flow
+        // sends in bursts). (A late segment's own lateness says when its
+        // overtakers came: `classic_step`.)
         let gap = a.segment_gap_ns();
         let rtt = (a.rtt_us * 1000.0) as u64;
         let undo = match *self {
@@ -487,15 +485,14 @@ fn classic_step(r: &mut Recovery, e: &Event<'_>, thr: u32, mss: u64, gap: u64) {
                 let above = (l.bytes_above / mss).max(thr);
                 let span = l.arrived_ns.saturating_sub(l.overtaken_ns);
                 let marked = l.overtaken_ns + span * (thr - 1) / above;
-                r.ack_gap = Some(span / above);
-                r.lost(marked, Some((l.arrived_ns, l.bytes_above / mss)));
-                r.ack_gap = None;
+                let original = Some((l.arrived_ns, l.bytes_above / mss));
+                r.lost(marked, original, Some(span / above));
             } else {
                 r.original_delivered(l.arrived_ns);
             }
         }
         Event::Loss { opened, .. } => {
-            r.lost(opened + (thr - 1) * gap, None);
+            r.lost(opened + (thr - 1) * gap, None, None);
         }
     }
 }
@@ -560,7 +557,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
                     by_window
                 };
                 let outcome = if l.arrived_ns > marked {
-                    r.lost(marked, Some((l.arrived_ns, l.bytes_above / mss)))
+                    r.lost(marked, Some((l.arrived_ns, l.bytes_above / mss)), None)
                 } else {
                     r.original_delivered(l.arrived_ns);
                     Marked::NotSent
@@ -589,7 +586,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
                 } else {
                     opened
                 };
-                r.lost(marked, None);
+                r.lost(marked, None, None);
             }
         }
     }
