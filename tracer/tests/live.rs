@@ -111,13 +111,24 @@ fn the_demo_shows_steering_live_and_quits_cleanly() {
         .unwrap();
     // The view comes up on the alternate screen, and shows reordering
     // attributed to steering (as soon as there is some: the upload goes on
-    // for a minute, and the view stays after it).
+    // for a minute, and the view stays after it). A capture can catch the
+    // terminal half drawn: the screen is read until one capture holds the
+    // whole view.
+    let panels = [
+        "late time (µs)",
+        "queue x CPU",
+        "flows (sorted by",
+        "q quit",
+    ];
     let deadline = Instant::now() + Duration::from_secs(70);
     let mut screen = String::new();
     while Instant::now() < deadline {
         screen = tmux.screen();
         let reordered = number_after(&screen, "all flows: reordered ").unwrap_or(0);
-        if reordered > 0 && screen.contains("nic-steering") {
+        if reordered > 0
+            && screen.contains("nic-steering")
+            && panels.iter().all(|p| screen.contains(p))
+        {
             break;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -127,12 +138,7 @@ fn the_demo_shows_steering_live_and_quits_cleanly() {
             && screen.contains("nic-steering"),
         "no live reordering on screen:\n{screen}"
     );
-    for panel in [
-        "late time (µs)",
-        "queue x CPU",
-        "flows (sorted by",
-        "q quit",
-    ] {
+    for panel in panels {
         assert!(screen.contains(panel), "{panel:?} missing:\n{screen}");
     }
     assert_eq!(tmux.format("#{alternate_on}"), "1", "{screen}");
