@@ -166,8 +166,8 @@ struct ReportArgs {
     /// (default: measured ACK by ACK in the lab, else min_RTT).
     #[arg(long, value_name = "US")]
     ack_delay: Option<f64>,
-    /// Replay: the bottleneck in Mbit/s (default: the flow's peak rate
-    /// over 100 ms).
+    /// Replay: the bottleneck in Mbit/s, shared by the flows crossing it
+    /// together (default: the traced link's peak over 100 ms).
     #[arg(long, value_name = "MBIT")]
     bandwidth: Option<f64>,
     /// Replay: the bottleneck's queue in bandwidth-delay products (default

@@ -453,11 +453,13 @@ fn senders_goodput(s: &Snapshot) -> String {
         if c.mbit > 0.0 && c.classic > 0.0 {
             let _ = writeln!(
                 out,
-                "  conclusion through the same reordering and path, the {} sender (RACK-TLP) carried {:.1}x what the classic sender did ({:.1} against {:.1} Mbit/s); from the classic sender's flows alone, the replay estimated {:.1}x",
+                "  conclusion through the same reordering and path, the {} sender (RACK-TLP) carried {:.1}x what the classic sender did ({:.1} against {:.1} Mbit/s); from the classic sender's flows alone, the replay estimated that RACK-TLP would have carried {:.1} Mbit/s on them, {:.1}x what they did (and {:.1}x its estimate for classic)",
                 t_name,
                 t.mbit / c.mbit,
                 t.mbit,
                 c.mbit,
+                c.rack,
+                c.rack / c.mbit,
                 c.rack / c.classic
             );
         }
@@ -536,7 +538,7 @@ fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
         };
         let _ = writeln!(
             out,
-            "{indent}replay     RTT {:.0} µs ({}), min_RTT {:.0} µs, ACKs {:.0} µs on their way ({}), bottleneck {:.0} Mbit/s ({}), MSS {}, {:.2} s; classic and RACK-TLP {}",
+            "{indent}replay     RTT {:.0} µs ({}), min_RTT {:.0} µs, ACKs {:.0} µs on their way ({}), bottleneck {:.0} Mbit/s ({}{}), MSS {}, {:.2} s; classic and RACK-TLP {}",
             a.rtt_us,
             from(a.rtt_from),
             a.min_rtt_us,
@@ -547,6 +549,15 @@ fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
             },
             a.bottleneck_bps / 1e6,
             from(a.bottleneck_from),
+            if a.bottleneck_bps < a.link_bps {
+                format!(
+                    "; its part of {:.0} Mbit/s, {:.1} flows at once",
+                    a.link_bps / 1e6,
+                    a.flows_sharing
+                )
+            } else {
+                String::new()
+            },
             a.mss_bytes,
             a.duration_s,
             match (a.ack_level, a.send_times_from, a.ack_log_shed) {

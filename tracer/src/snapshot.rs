@@ -423,12 +423,12 @@ fn path_reports(paths: impl Iterator<Item = Path>) -> Vec<PathReport> {
     v
 }
 
-/// `replay`: run the flow's replay too (the costly part).
+/// `replay`: the flow's replay, if run (the costly part).
 pub(crate) fn flow_report(
     flow: &Flow,
     f: &FlowState,
     cfg: &EngineConfig,
-    replay: bool,
+    replay: Option<Replay>,
 ) -> FlowReport {
     let m = f.wire_metrics().unwrap_or_default();
     let (verdict, evidence) = verdict::judge(&m, &cfg.verdict);
@@ -447,7 +447,7 @@ pub(crate) fn flow_report(
         rtt_us: f.rtt_ns.map(|n| n / 1000),
         duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
         seq_advance_bytes: f.seq_advance(),
-        replay: if replay { f.replay(&cfg.replay) } else { None },
+        replay,
         sender: None,
     }
 }

@@ -32,7 +32,7 @@ use density::{BufferDensity, ReorderDensity};
 use flows::FlowTable;
 
 use crate::replay::{
-    self, FlowLog, LateOriginal, Refill, Replay, ReplayConfig, SenderAck, TcpArrival,
+    self, share::Link, FlowLog, LateOriginal, Refill, Replay, ReplayConfig, SenderAck, TcpArrival,
 };
 use order::{Arrival, Class, Late, OrderDetector, Outcome, Unwrap, MAX_N};
 use tracer_common::tcp_flags::{ACK, FIN, RST, SYN};
@@ -486,8 +486,9 @@ impl FlowState {
         self.wire.as_ref().map(WireView::metrics_with_densities)
     }
 
-    /// The flow's arrivals replayed through the sender policies.
-    pub fn replay(&self, cfg: &ReplayConfig) -> Option<Replay> {
+    /// The flow's arrivals replayed through the sender policies, on its
+    /// part of the traced `link`.
+    pub fn replay(&self, cfg: &ReplayConfig, link: &Link) -> Option<Replay> {
         let path = match self.sender_rtt_ns {
             Some((srtt, min_rtt)) => replay::TraceRtt::Sender { srtt, min_rtt },
             None => replay::TraceRtt::Observed(self.rtt_ns),
@@ -495,7 +496,15 @@ impl FlowState {
         self.wire
             .as_ref()
             .filter(|w| w.log.data_segments > 0)
-            .map(|w| replay::replay(&w.log, path, cfg, self.tcp_layer.covers(w.m.payload_bytes)))
+            .map(|w| {
+                replay::replay(
+                    &w.log,
+                    path,
+                    cfg,
+                    self.tcp_layer.covers(w.m.payload_bytes),
+                    Some(link.sharing(&w.log.share)),
+                )
+            })
     }
 }
 
@@ -546,6 +555,8 @@ pub struct Engine {
     live: Live,
     retransmit_events: u64,
     memory: Memory,
+    /// The traced link's bins, which the flows' replays share.
+    link: Link,
 }
 
 /// The books on flows: what evicted ones contributed (so totals stay
@@ -619,6 +630,7 @@ impl Engine {
                 budget_bytes: cfg.memory_budget,
                 ..Memory::default()
             },
+            link: Link::default(),
             cfg,
         }
     }
@@ -636,15 +648,7 @@ impl Engine {
     }
 
     fn flow(&mut self, flow: Flow, ts_ns: u64) -> &mut FlowState {
-        let (f, evicted) = self.flows.get_or_insert(flow, || FlowState {
-            first_ns: ts_ns,
-            ..Default::default()
-        });
-        if let Some((_, old)) = evicted {
-            self.retired.retire(&old);
-        }
-        f.last_ns = ts_ns;
-        f
+        tracked(&mut self.flows, &mut self.retired, flow, ts_ns)
     }
 
     /// Processes one observation; wire segments with data get their class.
@@ -676,7 +680,7 @@ impl Engine {
         self.live.segments += 1;
         self.live.payload_bytes += u64::from(s.payload_len);
         let cfg = self.cfg;
-        let f = self.flow(s.flow, s.ts_ns);
+        let f = tracked(&mut self.flows, &mut self.retired, s.flow, s.ts_ns);
         f.segments += 1;
         path(&mut f.paths, s.rx_queue, s.cpu).segments += 1;
         if s.flags & SYN != 0 {
@@ -736,6 +740,7 @@ impl Engine {
         };
         let out = w.order.observe(&a, rtt);
         w.unwrap.advance(w.order.next_exp());
+        w.log.share.arrival(&mut self.link, s.ts_ns, s.payload_len);
         let c = wire_update(w, s, &a, &out, &cfg);
         if c.class == Class::Reordered {
             path(&mut f.paths, s.rx_queue, s.cpu).reordered += 1;
@@ -858,7 +863,7 @@ impl Engine {
         self.flows
             .iter()
             .find(|(flow, _)| flow.src.to_string() == src && flow.dst.to_string() == dst)
-            .and_then(|(_, f)| f.replay(&self.cfg.replay))
+            .and_then(|(_, f)| f.replay(&self.cfg.replay, &self.link))
     }
 
     /// Forgets everything seen so far (the same configuration).
@@ -902,7 +907,14 @@ impl Engine {
         }
         let mut flows: Vec<_> = shown
             .into_iter()
-            .map(|(flow, f)| snapshot::flow_report(flow, f, &self.cfg, replay))
+            .map(|(flow, f)| {
+                let r = if replay {
+                    f.replay(&self.cfg.replay, &self.link)
+                } else {
+                    None
+                };
+                snapshot::flow_report(flow, f, &self.cfg, r)
+            })
             .collect();
         flows.sort_by(|a, b| {
             b.reordered
@@ -945,6 +957,25 @@ impl Engine {
             f.sender_rtt_ns = Some((srtt_ns, min_rtt_ns));
         }
     }
+}
+
+/// `flow`'s state, tracked from `ts_ns` if new (the table's least recent
+/// flow retired to make room), seen last at `ts_ns`.
+fn tracked<'a>(
+    flows: &'a mut FlowTable<FlowState>,
+    retired: &mut Retired,
+    flow: Flow,
+    ts_ns: u64,
+) -> &'a mut FlowState {
+    let (f, evicted) = flows.get_or_insert(flow, || FlowState {
+        first_ns: ts_ns,
+        ..Default::default()
+    });
+    if let Some((_, old)) = evicted {
+        retired.retire(&old);
+    }
+    f.last_ns = ts_ns;
+    f
 }
 
 /// Updates a wire view's metrics with one classified segment.

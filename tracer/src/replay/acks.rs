@@ -1134,6 +1134,8 @@ mod tests {
             send_times_from: Source::Trace,
             bottleneck_bps: 8e8,
             bottleneck_from: Source::Given,
+            link_bps: 8e8,
+            flows_sharing: 1.0,
             queue_bdp: 1.0,
             mss_bytes: MSS as u32,
             send_interval_us: 10.0,

@@ -29,6 +29,7 @@
 
 pub mod acks;
 pub mod policy;
+pub mod share;
 pub mod throughput;
 
 use std::mem::size_of;
@@ -196,8 +197,11 @@ pub struct FlowLog {
     pub max_payload: u32,
     pub first_ns: Option<u64>,
     pub last_ns: u64,
-    /// Most payload bytes in one [`RATE_BIN_NS`] bin: the bottleneck.
+    /// Most payload bytes in one [`RATE_BIN_NS`] bin: the bottleneck
+    /// when the link's bins say less (a flow shorter than a bin).
     pub peak_bin_bytes: u64,
+    /// Its side of the link the flows share ([`share`]).
+    pub share: share::Share,
     /// The current bin: when it ends, bytes so far.
     bin: (u64, u64),
 }
@@ -218,6 +222,7 @@ impl Default for FlowLog {
             first_ns: None,
             last_ns: 0,
             peak_bin_bytes: 0,
+            share: share::Share::default(),
             bin: (0, 0),
         }
     }
@@ -500,7 +505,8 @@ pub struct ReplayConfig {
     pub rtt_us: Option<f64>,
     /// RACK's min_RTT (default: the RTT).
     pub min_rtt_us: Option<f64>,
-    /// Bottleneck rate (default: the peak arrival rate over 100 ms bins).
+    /// The bottleneck's rate, shared by the flows crossing it together
+    /// (default: the traced link's peak over 100 ms bins, all flows').
     pub bandwidth_bps: Option<f64>,
     /// The bottleneck's queue in bandwidth-delay products (default
     /// [`DEFAULT_QUEUE_BDP`]).
@@ -535,8 +541,14 @@ pub struct Assumptions {
     /// interpolated by sequence: a burst sent within a tick looks spread
     /// over it).
     pub send_times_from: Source,
+    /// The flow's part of the link: what the other flows left of it, or
+    /// its fair share if that is more ([`share`]).
     pub bottleneck_bps: f64,
     pub bottleneck_from: Source,
+    /// The link's rate the flows shared (given, or its peak).
+    pub link_bps: f64,
+    /// Flows at once over this flow's time (harmonic mean; 1: alone).
+    pub flows_sharing: f64,
     /// The bottleneck's queue, in bandwidth-delay products.
     pub queue_bdp: f64,
     pub mss_bytes: u32,
@@ -581,8 +593,15 @@ pub const DEFAULT_RTT_US: f64 = 1000.0;
 pub const DEFAULT_QUEUE_BDP: f64 = 1.0;
 
 impl ReplayConfig {
-    /// The path for a flow: the user's figures, else the trace's.
-    pub fn assumptions(&self, log: &FlowLog, trace: TraceRtt) -> Assumptions {
+    /// The path for a flow: the user's figures, else the trace's;
+    /// `sharing`: what the flow shared the traced link with (`None`: it
+    /// had the link to itself).
+    pub fn assumptions(
+        &self,
+        log: &FlowLog,
+        trace: TraceRtt,
+        sharing: Option<share::Sharing>,
+    ) -> Assumptions {
         let (rtt_us, rtt_from, trace_min_rtt_us) = match (self.rtt_us, trace) {
             (Some(r), _) => (r, Source::Given, None),
             (None, TraceRtt::Sender { srtt, min_rtt }) if srtt > 0 => (
@@ -596,15 +615,17 @@ impl ReplayConfig {
             _ => (DEFAULT_RTT_US, Source::Default, None),
         };
         let duration_s = log.duration_ns() as f64 / 1e9;
-        let (bottleneck_bps, bottleneck_from) = match self.bandwidth_bps {
+        let (link_bps, bottleneck_from) = match self.bandwidth_bps {
             Some(b) => (b, Source::Given),
             // A flow shorter than a bin: its bytes over its time.
             None if log.peak_bin_bytes > 0 => (
-                log.peak_bin_bytes as f64 * 8.0 / duration_s.min(RATE_BIN_NS as f64 / 1e9),
+                (log.peak_bin_bytes as f64 * 8.0 / duration_s.min(RATE_BIN_NS as f64 / 1e9))
+                    .max(sharing.map_or(0.0, |s| s.link_peak_bps)),
                 Source::Trace,
             ),
             None => (1e9, Source::Default),
         };
+        let bottleneck_bps = sharing.map_or(link_bps, |s| s.bottleneck_bps(link_bps));
         let min_rtt_us = self
             .min_rtt_us
             .or(trace_min_rtt_us)
@@ -636,6 +657,8 @@ impl ReplayConfig {
             send_times_from,
             bottleneck_bps,
             bottleneck_from,
+            link_bps,
+            flows_sharing: sharing.map_or(1.0, |s| s.flows),
             queue_bdp: self.queue_bdp.unwrap_or(DEFAULT_QUEUE_BDP),
             mss_bytes: log.max_payload.max(1),
             send_interval_us: if log.data_segments > 1 {
@@ -687,9 +710,15 @@ pub fn default_policies(cfg: &ReplayConfig) -> Vec<Policy> {
 /// Replays one flow through every default policy. `tcp_layer_whole`: the
 /// receiver's TCP-layer view covers what the wire saw (this kernel
 /// sometimes skips its tracepoint programs unannounced); the ACK-level
-/// replay needs it.
-pub fn replay(log: &FlowLog, trace: TraceRtt, cfg: &ReplayConfig, tcp_layer_whole: bool) -> Replay {
-    let mut a = cfg.assumptions(log, trace);
+/// replay needs it. `sharing`: what the flow shared the link with.
+pub fn replay(
+    log: &FlowLog,
+    trace: TraceRtt,
+    cfg: &ReplayConfig,
+    tcp_layer_whole: bool,
+    sharing: Option<share::Sharing>,
+) -> Replay {
+    let mut a = cfg.assumptions(log, trace, sharing);
     let acks = log.acks.as_deref().filter(|l| !l.tcp.is_empty());
     a.tcp_layer_whole = tcp_layer_whole && acks.is_some();
     a.ack_level =
@@ -720,7 +749,8 @@ fn ratio(policies: &[PolicyOutcome]) -> Option<f64> {
 }
 
 impl Replay {
-    /// Sums of flows (goodputs add: flows share no bottleneck here).
+    /// Sums of flows: each flow's estimate holds the others as they were
+    /// (its part of the link is what they left it, or its fair share).
     pub fn total<'a>(flows: impl IntoIterator<Item = &'a Replay>) -> Replay {
         let mut policies: Vec<PolicyOutcome> = Vec::new();
         let mut not_replayed = 0;
@@ -849,6 +879,7 @@ mod tests {
             TraceRtt::Observed(None),
             &ReplayConfig::default(),
             true,
+            None,
         );
         let a = r.assumptions.unwrap();
         assert_eq!((a.late_copies_lost, a.ack_level), (10, false));

@@ -632,7 +632,7 @@ mod tests {
     }
 
     fn spurious(log: &FlowLog, name: &str) -> u64 {
-        replay(log, TraceRtt::Observed(None), &cfg(), false)
+        replay(log, TraceRtt::Observed(None), &cfg(), false, None)
             .policies
             .iter()
             .find(|p| p.name == name)
@@ -642,7 +642,7 @@ mod tests {
 
     #[test]
     fn a_clean_trace_has_no_spurious_event_under_any_policy() {
-        let r = replay(&clean(10_000), TraceRtt::Observed(None), &cfg(), false);
+        let r = replay(&clean(10_000), TraceRtt::Observed(None), &cfg(), false, None);
         for p in &r.policies {
             assert_eq!(
                 (
@@ -710,7 +710,7 @@ mod tests {
         late(&mut log, 20_000, 100, 5);
         late(&mut log, 20_500, 100, 5);
         late(&mut log, 40_000, 100, 5);
-        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false);
+        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
         let classic = r.policies.iter().find(|p| p.name == "classic").unwrap();
         assert_eq!(
             (classic.recovery_episodes, classic.spurious_retransmissions),
@@ -722,10 +722,10 @@ mod tests {
     fn a_late_original_tcp_discarded_is_a_loss_for_every_policy() {
         let mut log = clean(10_000);
         late(&mut log, 20_000, 5_000, 40);
-        let before = replay(&log, TraceRtt::Observed(None), &cfg(), false);
+        let before = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
         // PAWS at the receiver, seen at its tcp_probe: [start, start + 1).
         log.discarded(20_000, 20_001);
-        let after = replay(&log, TraceRtt::Observed(None), &cfg(), false);
+        let after = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
         for (b, a) in before.policies.iter().zip(&after.policies) {
             assert_eq!(b.spurious_retransmissions, 1, "{}", b.name);
             assert_eq!(
@@ -750,7 +750,7 @@ mod tests {
             late(&mut log, 20_000 + k, 200, 40);
         }
         let classic = |log: &FlowLog, tcp_layer: bool| {
-            replay(log, TraceRtt::Observed(None), &cfg(), tcp_layer)
+            replay(log, TraceRtt::Observed(None), &cfg(), tcp_layer, None)
                 .policies
                 .iter()
                 .find(|p| p.name == "classic")
@@ -812,7 +812,7 @@ mod tests {
         for i in 0..20 {
             late(&mut log, 50_000 + i * 40_000, 100, 4);
         }
-        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false);
+        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
         let classic = &r.policies[0];
         assert_eq!(classic.recovery_episodes, 20);
         assert!(classic.estimated_goodput_bps < 0.9e9, "{classic:?}");

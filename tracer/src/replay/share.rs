@@ -1,0 +1,238 @@
+//! The bottleneck the traced flows cross together.
+//!
+//! Every flow the tracer sees arrives over the one traced link, so flows
+//! active at once share at least that link, and often the path's
+//! bottleneck. A flow's own peak rate is then not what a sender could have
+//! had: the replay gives each flow what the other flows left of the link's
+//! peak, or its fair share of it if that is more (flows that took more
+//! than their share would have yielded to a sender that asked for more).
+//! With one flow, that is the flow's own peak, as before.
+
+use super::RATE_BIN_NS;
+
+/// Bins the link remembers: a flow that paused longer than this
+/// (6.4 s) finds its last bin forgotten, and that bin does not count.
+const RING: usize = 64;
+
+/// One [`RATE_BIN_NS`] bin of the link: every flow's payload bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bin {
+    index: u64,
+    bytes: u64,
+    flows: u32,
+}
+
+/// The traced link's recent bins (every data segment's payload, of every
+/// flow: retransmissions take the link too) and its busiest bin.
+#[derive(Clone, Debug)]
+pub struct Link {
+    bins: [Bin; RING],
+    peak_bytes: u64,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Self {
+            bins: [Bin::default(); RING],
+            peak_bytes: 0,
+        }
+    }
+}
+
+impl Link {
+    /// The bin `index`, started when first met; `None` once forgotten.
+    fn bin(&mut self, index: u64) -> Option<&mut Bin> {
+        let b = &mut self.bins[index as usize % RING];
+        if b.index < index || b.flows == 0 {
+            *b = Bin {
+                index,
+                ..Bin::default()
+            };
+        }
+        (b.index == index).then_some(b)
+    }
+
+    fn closed(&self, index: u64) -> Option<&Bin> {
+        let b = &self.bins[index as usize % RING];
+        (b.index == index && b.flows > 0).then_some(b)
+    }
+
+    /// The link's peak over [`RATE_BIN_NS`] bins, bit/s.
+    pub fn peak_bps(&self) -> f64 {
+        bin_bps(self.peak_bytes as f64)
+    }
+
+    /// What `flow` shared the link with over the bins it had data in.
+    pub fn sharing(&self, flow: &Share) -> Sharing {
+        let mut s = *flow;
+        if let Some(b) = self.closed(s.bin).filter(|_| s.own > 0) {
+            s.close(b);
+        }
+        let all = (s.own_bytes + s.others_bytes) as f64;
+        let (part, fair) = if all > 0.0 {
+            (s.own_bytes as f64 / all, s.fair_bytes / all)
+        } else {
+            (1.0, 1.0)
+        };
+        Sharing {
+            link_peak_bps: self.peak_bps(),
+            part,
+            flows: 1.0 / fair,
+        }
+    }
+}
+
+/// Bytes in one bin as bit/s.
+fn bin_bps(bytes: f64) -> f64 {
+    bytes * 8e9 / RATE_BIN_NS as f64
+}
+
+/// One flow's side of the link: its current bin, and what it and the
+/// others sent in the bins it closed. Sums of bytes, so that a bin the
+/// trace or the flow covers only in part weighs only as much.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Share {
+    bin: u64,
+    /// The flow's bytes in `bin` (0: no bin yet).
+    own: u64,
+    own_bytes: u64,
+    others_bytes: u64,
+    /// Σ (all flows' bytes / flows) over those bins: its fair share.
+    fair_bytes: f64,
+}
+
+impl Share {
+    /// A data segment of this flow took the link at `ts_ns`.
+    pub fn arrival(&mut self, link: &mut Link, ts_ns: u64, payload: u32) {
+        let index = ts_ns / RATE_BIN_NS;
+        if self.own == 0 || index > self.bin {
+            if let Some(b) = link.closed(self.bin).filter(|_| self.own > 0) {
+                let b = *b;
+                self.close(&b);
+            }
+            self.bin = index;
+            self.own = 0;
+            if let Some(b) = link.bin(index) {
+                b.flows += 1;
+            }
+        }
+        // A segment a little out of time order (another CPU's) counts in
+        // its own bin, the flow staying in its latest.
+        if let Some(bytes) = link.bin(index).map(|b| {
+            b.bytes += u64::from(payload);
+            b.bytes
+        }) {
+            link.peak_bytes = link.peak_bytes.max(bytes);
+        }
+        if index == self.bin {
+            self.own += u64::from(payload);
+        }
+    }
+
+    fn close(&mut self, b: &Bin) {
+        let own = self.own.min(b.bytes);
+        self.own_bytes += own;
+        self.others_bytes += b.bytes - own;
+        self.fair_bytes += b.bytes as f64 / f64::from(b.flows.max(1));
+    }
+}
+
+/// What a flow shared the link with (see the module's doc).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct Sharing {
+    /// All flows' bytes in the link's busiest bin, bit/s.
+    pub link_peak_bps: f64,
+    /// The flow's part of the link's bytes while it had data.
+    pub part: f64,
+    /// Flows at once over its time (weighted by the link's bytes).
+    pub flows: f64,
+}
+
+impl Sharing {
+    /// The flow's bottleneck on a link of `link_bps`: what the others
+    /// left it, or its fair share if that is more.
+    pub fn bottleneck_bps(&self, link_bps: f64) -> f64 {
+        link_bps * self.part.max(1.0 / self.flows.max(1.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn close(a: f64, b: f64) {
+        assert!((a - b).abs() <= 1e-9 * b.abs(), "{a} against {b}");
+    }
+
+    /// Feeds `flows` (bytes per ms each) over `ms` milliseconds.
+    fn feed(link: &mut Link, shares: &mut [Share], bytes_per_ms: &[u32], ms: u64) {
+        for t in 0..ms {
+            for (s, &b) in shares.iter_mut().zip(bytes_per_ms) {
+                if b > 0 {
+                    s.arrival(link, 1_000 * MS + t * MS, b);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_flow_has_the_whole_link() {
+        let (mut link, mut s) = (Link::default(), [Share::default()]);
+        feed(&mut link, &mut s, &[12_500], 1_000); // 100 Mbit/s
+        let sh = link.sharing(&s[0]);
+        assert_eq!((sh.part, sh.flows), (1.0, 1.0));
+        assert_eq!(link.peak_bps(), 100e6);
+        assert_eq!(sh.bottleneck_bps(link.peak_bps()), 100e6);
+    }
+
+    #[test]
+    fn equal_flows_each_have_their_share() {
+        let (mut link, mut s) = (Link::default(), [Share::default(); 4]);
+        feed(&mut link, &mut s, &[12_500; 4], 1_000);
+        for f in &s {
+            let sh = link.sharing(f);
+            assert_eq!((sh.part, sh.flows), (0.25, 4.0));
+            assert_eq!(sh.bottleneck_bps(link.peak_bps()), 100e6);
+        }
+    }
+
+    #[test]
+    fn a_crushed_flow_gets_its_fair_share_and_the_other_what_it_left() {
+        let (mut link, mut s) = (Link::default(), [Share::default(); 2]);
+        // 180 and 10 Mbit/s on a link that carried 190.
+        feed(&mut link, &mut s, &[22_500, 1_250], 1_000);
+        let peak = link.peak_bps();
+        assert_eq!(peak, 190e6);
+        close(link.sharing(&s[0]).bottleneck_bps(peak), 180e6);
+        close(link.sharing(&s[1]).bottleneck_bps(peak), 95e6);
+    }
+
+    #[test]
+    fn a_flow_alone_for_half_its_time_has_three_quarters() {
+        let (mut link, mut s) = (Link::default(), [Share::default(); 2]);
+        feed(&mut link, &mut s, &[12_500, 0], 500);
+        for t in 500..1_000 {
+            for f in s.iter_mut() {
+                f.arrival(&mut link, 1_000 * MS + t * MS, 6_250);
+            }
+        }
+        let sh = link.sharing(&s[0]);
+        close(sh.flows, 4.0 / 3.0);
+        close(sh.part, 0.75);
+        close(sh.bottleneck_bps(link.peak_bps()), 75e6);
+    }
+
+    #[test]
+    fn a_bin_the_trace_covers_in_part_weighs_as_much() {
+        let (mut link, mut s) = (Link::default(), [Share::default(); 2]);
+        // Both start 90 ms into a bin, 1 and 3 units a millisecond.
+        for t in 90..1_000 {
+            s[0].arrival(&mut link, 1_000 * MS + t * MS, 1_000);
+            s[1].arrival(&mut link, 1_000 * MS + t * MS, 3_000);
+        }
+        close(link.sharing(&s[0]).part, 0.25);
+        close(link.sharing(&s[1]).part, 0.75);
+    }
+}
