@@ -558,7 +558,11 @@ fn boot(
     // block still running the old bytes on the other vCPU's thread). One
     // thread runs the vCPUs in turn, between translated blocks, so none
     // runs code another has re-patched; the guest still has two CPUs.
-    let accel_option = if accel == "tcg" { "tcg,thread=single" } else { accel };
+    let accel_option = if accel == "tcg" {
+        "tcg,thread=single"
+    } else {
+        accel
+    };
     let mut child = Command::new("qemu-system-x86_64")
         .args(["-accel", accel_option, "-smp", "2", "-m", "4G"])
         .args([

@@ -642,7 +642,13 @@ mod tests {
 
     #[test]
     fn a_clean_trace_has_no_spurious_event_under_any_policy() {
-        let r = replay(&clean(10_000), TraceRtt::Observed(None), &cfg(), false, None);
+        let r = replay(
+            &clean(10_000),
+            TraceRtt::Observed(None),
+            &cfg(),
+            false,
+            None,
+        );
         for p in &r.policies {
             assert_eq!(
                 (
