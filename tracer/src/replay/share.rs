@@ -40,16 +40,21 @@ impl Default for Link {
 }
 
 impl Link {
-    /// The bin `index`, started when first met; `None` once forgotten.
-    fn bin(&mut self, index: u64) -> Option<&mut Bin> {
+    /// Adds `bytes` to the bin `index` (started when first met; nothing
+    /// once forgotten), counting one more flow in it if `new_flow`.
+    fn add(&mut self, index: u64, bytes: u64, new_flow: bool) {
         let b = &mut self.bins[index as usize % RING];
-        if b.index < index || b.flows == 0 {
+        if b.index < index {
             *b = Bin {
                 index,
                 ..Bin::default()
             };
         }
-        (b.index == index).then_some(b)
+        if b.index == index {
+            b.flows += u32::from(new_flow);
+            b.bytes += bytes;
+            self.peak_bytes = self.peak_bytes.max(b.bytes);
+        }
     }
 
     fn closed(&self, index: u64) -> Option<&Bin> {
@@ -105,25 +110,18 @@ impl Share {
     /// A data segment of this flow took the link at `ts_ns`.
     pub fn arrival(&mut self, link: &mut Link, ts_ns: u64, payload: u32) {
         let index = ts_ns / RATE_BIN_NS;
-        if self.own == 0 || index > self.bin {
+        let new_bin = self.own == 0 || index > self.bin;
+        if new_bin {
             if let Some(b) = link.closed(self.bin).filter(|_| self.own > 0) {
                 let b = *b;
                 self.close(&b);
             }
             self.bin = index;
             self.own = 0;
-            if let Some(b) = link.bin(index) {
-                b.flows += 1;
-            }
         }
         // A segment a little out of time order (another CPU's) counts in
         // its own bin, the flow staying in its latest.
-        if let Some(bytes) = link.bin(index).map(|b| {
-            b.bytes += u64::from(payload);
-            b.bytes
-        }) {
-            link.peak_bytes = link.peak_bytes.max(bytes);
-        }
+        link.add(index, u64::from(payload), new_bin);
         if index == self.bin {
             self.own += u64::from(payload);
         }
