@@ -540,7 +540,10 @@ fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
             out,
             "{indent}replay     RTT {:.0} µs ({}), min_RTT {:.0} µs, ACKs {:.0} µs on their way ({}), bottleneck {:.0} Mbit/s ({}{}), MSS {}, {:.2} s; classic and RACK-TLP {}",
             a.rtt_us,
-            from(a.rtt_from),
+            match a.queueing_us {
+                Some(q) => format!("the handshake's, and the others' part of the {q:.0} µs its data queued"),
+                None => from(a.rtt_from).to_string(),
+            },
             a.min_rtt_us,
             a.ack_delay_us,
             match a.ack_delay_from {

@@ -21,6 +21,7 @@ type Figure = fn(&Value) -> Option<f64>;
 
 /// A statistic and the band its median must fall in (`None`: shown, not
 /// yet held to a band).
+#[derive(Clone, Copy)]
 struct Statistic {
     name: &'static str,
     figure: Figure,
@@ -36,10 +37,20 @@ struct Experiment {
     name: &'static str,
     rate: &'static str,
     flows: &'static str,
-    /// Late segments per flow the run goes on for (`--until-late`).
-    until_late: &'static str,
+    length: Length,
     extra: &'static [&'static str],
     statistics: &'static [Statistic],
+}
+
+/// How long each run of an experiment goes on.
+#[derive(Clone, Copy)]
+enum Length {
+    /// Until the edge has made this many late segments in every flow
+    /// (`--until-late`; at most 60 s): every run has at least this sample.
+    UntilLate(&'static str),
+    /// This many seconds (the demo's: a classic flow regrows slowly at a
+    /// WAN round trip).
+    Seconds(&'static str),
 }
 
 /// The real senders as the replay models them: one segment per skb (and
@@ -296,7 +307,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "atr 20/s, 2 flows",
         rate: "20",
         flows: "2",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: &[],
         statistics: &[FOUND, STEERED, MIGRATIONS, ABOVE_HOLE],
     },
@@ -304,7 +315,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "atr 50/s, 2 flows",
         rate: "50",
         flows: "2",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: &[],
         statistics: &[FOUND, STEERED, MIGRATIONS, ABOVE_HOLE],
     },
@@ -312,7 +323,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "atr 200/s, 2 flows",
         rate: "200",
         flows: "2",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: &[],
         statistics: &[FOUND, STEERED, MIGRATIONS, ABOVE_HOLE],
     },
@@ -320,7 +331,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "atr 50/s, 2 flows, IPv6",
         rate: "50",
         flows: "2",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: &["--ipv6"],
         statistics: &[FOUND_IPV6, STEERED_IPV6, MIGRATIONS, ABOVE_HOLE],
     },
@@ -328,7 +339,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "atr 50/s, 2 flows, --summary 16",
         rate: "50",
         flows: "2",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: &["--summary", "16"],
         statistics: &[
             FOUND,
@@ -356,7 +367,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "rack-tlp senders at 20/s, 4 flows",
         rate: "20",
         flows: "4",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: SENDERS,
         statistics: &[RACK, RACK_GOODPUT],
     },
@@ -364,7 +375,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "rack-tlp senders at 50/s, 4 flows",
         rate: "50",
         flows: "4",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: SENDERS,
         statistics: &[RACK, RACK_GOODPUT],
     },
@@ -372,7 +383,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "rack-tlp senders at 200/s, 4 flows",
         rate: "200",
         flows: "4",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: SENDERS,
         statistics: &[RACK, RACK_GOODPUT],
     },
@@ -380,7 +391,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "guest senders of each policy at 50/s, 2 flows each",
         rate: "50",
         flows: "2",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: GUESTS,
         statistics: GUEST_STATISTICS,
     },
@@ -388,7 +399,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "guest senders of each policy at 200/s, 2 flows each",
         rate: "200",
         flows: "2",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: GUESTS,
         statistics: GUEST_STATISTICS,
     },
@@ -396,7 +407,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "classic (NewReno) senders at 200/s, 4 flows",
         rate: "200",
         flows: "4",
-        until_late: UNTIL_LATE,
+        length: Length::UntilLate(UNTIL_LATE),
         extra: &[
             "--no-sender-gso",
             "--ring-mib",
@@ -416,7 +427,7 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "host senders at 50/s, 80 ms, 800 Mbit/s",
         rate: "50",
         flows: "2",
-        until_late: WAN_LATE,
+        length: Length::UntilLate(WAN_LATE),
         extra: &["--rtt", "80", "--rate", "800"],
         statistics: WAN_STATISTICS,
     },
@@ -424,9 +435,27 @@ const EXPERIMENTS: &[Experiment] = &[
         name: "rack-tlp guests at 50/s, 80 ms, 200 Mbit/s",
         rate: "50",
         flows: "2",
-        until_late: WAN_LATE,
+        length: Length::UntilLate(WAN_LATE),
         extra: &["--rtt", "80", "--rate", "200", "--sender", "rack-tlp"],
         statistics: WAN_STATISTICS,
+    },
+    Experiment {
+        name: "the demo: classic beside rack-tlp guests at 200/s, 80 ms, 200 Mbit/s",
+        rate: "200",
+        flows: "1",
+        length: Length::Seconds("30"),
+        extra: &[
+            "--rtt",
+            "80",
+            "--rate",
+            "200",
+            "--sender",
+            "classic,rack-tlp",
+            "--no-dsack",
+            "--bandwidth",
+            "191",
+        ],
+        statistics: &[GUEST_STATISTICS[1], GUEST_STATISTICS[5]],
     },
 ];
 
@@ -585,9 +614,12 @@ fn lab_run(bin: &std::path::Path, e: &Experiment) -> Result<Value> {
     ]
     .concat();
     let out = Command::new(bin)
-        .args(["lab", "--json", "--quiet", "--bytes", "2G"])
-        .args(["--duration", "60"])
-        .args(["--until-late", e.until_late])
+        .args(["lab", "--json", "--quiet"])
+        .args(match e.length {
+            Length::UntilLate(n) => vec!["--until-late", n, "--duration", "60", "--bytes", "2G"],
+            // As the demo: a bound in bytes the path cannot reach.
+            Length::Seconds(s) => vec!["--duration", s, "--bytes", "8G"],
+        })
         .args(&args)
         .output()
         .context("running tracer lab")?;
@@ -598,7 +630,7 @@ fn lab_run(bin: &std::path::Path, e: &Experiment) -> Result<Value> {
             String::from_utf8_lossy(&out.stderr)
         )
     })?;
-    if report["lab"]["until_late"]["reached"] != true {
+    if matches!(e.length, Length::UntilLate(_)) && report["lab"]["until_late"]["reached"] != true {
         bail!(
             "tracer lab {args:?}: the edge made too few late segments: {}",
             report["lab"]["until_late"]

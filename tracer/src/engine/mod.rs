@@ -740,7 +740,10 @@ impl Engine {
         };
         let out = w.order.observe(&a, rtt);
         w.unwrap.advance(w.order.next_exp());
-        w.log.share.arrival(&mut self.link, s.ts_ns, s.payload_len);
+        let queued = w.log.queueing.echo(s.ts_ns, a.tsecr);
+        w.log
+            .share
+            .arrival(&mut self.link, s.ts_ns, s.payload_len, queued);
         let c = wire_update(w, s, &a, &out, &cfg);
         if c.class == Class::Reordered {
             path(&mut f.paths, s.rx_queue, s.cpu).reordered += 1;

@@ -1129,6 +1129,7 @@ mod tests {
             rtt_us: 100.0,
             rtt_from: Source::Given,
             min_rtt_us: 100.0,
+            queueing_us: None,
             ack_delay_us: 50.0,
             ack_delay_from: Source::Given,
             send_times_from: Source::Trace,

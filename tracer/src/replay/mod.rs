@@ -29,6 +29,7 @@
 
 pub mod acks;
 pub mod policy;
+pub mod queueing;
 pub mod share;
 pub mod throughput;
 
@@ -202,6 +203,8 @@ pub struct FlowLog {
     pub peak_bin_bytes: u64,
     /// Its side of the link the flows share ([`share`]).
     pub share: share::Share,
+    /// The queue its data met ([`queueing`]).
+    pub queueing: queueing::Queueing,
     /// The current bin: when it ends, bytes so far.
     bin: (u64, u64),
 }
@@ -223,6 +226,7 @@ impl Default for FlowLog {
             last_ns: 0,
             peak_bin_bytes: 0,
             share: share::Share::default(),
+            queueing: queueing::Queueing::default(),
             bin: (0, 0),
         }
     }
@@ -529,9 +533,15 @@ pub struct ReplayConfig {
 /// The path a flow's replay ran with, and where each figure came from.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Assumptions {
+    /// The round trip the senders are replayed with: the sender's, given,
+    /// or the handshake's plus the others' part of the queueing.
     pub rtt_us: f64,
     pub rtt_from: Source,
     pub min_rtt_us: f64,
+    /// The mean queueing delay the flow's data met, when measured from
+    /// the trace (its echoed timestamps, else those of the flows that
+    /// shared the link with it).
+    pub queueing_us: Option<f64>,
     /// How long after an arrival its ACK reached the sender's TCP (when
     /// measured: the median; the replay then uses each ACK's own).
     pub ack_delay_us: f64,
@@ -610,10 +620,23 @@ impl ReplayConfig {
                 Some(min_rtt as f64 / 1000.0),
             ),
             (None, TraceRtt::Observed(Some(ns))) if ns > 0 => {
-                (ns as f64 / 1000.0, Source::Trace, None)
+                (ns as f64 / 1000.0, Source::Trace, Some(ns as f64 / 1000.0))
             }
             _ => (DEFAULT_RTT_US, Source::Default, None),
         };
+        // Seen from here, the handshake's round trip met an empty path;
+        // the data's met the queue too, and of it the simulation builds
+        // the flow's own ([`queueing`]).
+        let queueing_us = (rtt_from == Source::Trace)
+            .then(|| {
+                log.queueing
+                    .delay_ns()
+                    .or(sharing.and_then(|s| s.queueing_ns))
+            })
+            .flatten()
+            .map(|ns| ns / 1000.0);
+        let others_part = 1.0 - sharing.map_or(1.0, |s| s.part);
+        let rtt_us = rtt_us + others_part * queueing_us.unwrap_or(0.0);
         let duration_s = log.duration_ns() as f64 / 1e9;
         let (link_bps, bottleneck_from) = match self.bandwidth_bps {
             Some(b) => (b, Source::Given),
@@ -652,6 +675,7 @@ impl ReplayConfig {
             rtt_us,
             rtt_from,
             min_rtt_us,
+            queueing_us,
             ack_delay_us,
             ack_delay_from,
             send_times_from,
@@ -922,5 +946,61 @@ mod tests {
             ]
         );
         assert_eq!(a.sender_acks.len(), 4);
+    }
+
+    #[test]
+    fn the_round_trip_adds_the_others_part_of_the_queue() {
+        const MS: u64 = 1_000_000;
+        // Data arriving 80 ms after the ACKs it echoes, then 130 ms: a
+        // queue of 25 ms on average; ACKs every 0.7 ms.
+        let mut log = FlowLog::default();
+        for n in 0..2000u64 {
+            let ack = 1_000 * MS + n * MS * 7 / 10;
+            let rtt = if n < 1000 { 80 * MS } else { 130 * MS };
+            log.queueing.echo(ack + rtt, Some(5 + (ack / MS) as u32));
+            log.arrival(ack + rtt, 1448);
+        }
+        let sharing = |part| share::Sharing {
+            link_peak_bps: 1e8,
+            part,
+            flows: 2.0,
+            queueing_ns: None,
+        };
+        let handshake = TraceRtt::Observed(Some(80 * MS));
+        let cfg = ReplayConfig::default();
+        // A tenth of the link's bytes its own: nine tenths of the queue
+        // were the others'.
+        let a = cfg.assumptions(&log, handshake, Some(sharing(0.1)));
+        assert!((a.queueing_us.unwrap() - 25_000.0).abs() < 100.0, "{a:?}");
+        assert!((a.rtt_us - 102_500.0).abs() < 100.0, "{a:?}");
+        assert_eq!((a.min_rtt_us, a.rtt_from), (80_000.0, Source::Trace));
+        // Without timestamps, the queue the link's other flows measured.
+        let mut bare = FlowLog::default();
+        bare.arrival(1_000 * MS, 1448);
+        bare.arrival(2_000 * MS, 1448);
+        let measured = share::Sharing {
+            queueing_ns: Some(40e6),
+            ..sharing(0.25)
+        };
+        let a = cfg.assumptions(&bare, handshake, Some(measured));
+        assert_eq!((a.queueing_us, a.rtt_us), (Some(40_000.0), 110_000.0));
+        let a = cfg.assumptions(&bare, handshake, Some(sharing(0.25)));
+        assert_eq!((a.queueing_us, a.rtt_us), (None, 80_000.0));
+        // Alone on the link, the queue was its own: the simulation builds it.
+        let a = cfg.assumptions(&log, handshake, None);
+        assert_eq!(a.rtt_us, 80_000.0);
+        // A sender's socket knows its round trips; a given one is kept.
+        let sender = TraceRtt::Sender {
+            srtt: 120 * MS,
+            min_rtt: 80 * MS,
+        };
+        let a = cfg.assumptions(&log, sender, Some(sharing(0.1)));
+        assert_eq!((a.rtt_us, a.queueing_us), (120_000.0, None));
+        let given = ReplayConfig {
+            rtt_us: Some(90_000.0),
+            ..cfg
+        };
+        let a = given.assumptions(&log, handshake, Some(sharing(0.1)));
+        assert_eq!(a.rtt_us, 90_000.0);
     }
 }

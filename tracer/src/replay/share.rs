@@ -7,6 +7,10 @@
 //! peak, or its fair share of it if that is more (flows that took more
 //! than their share would have yielded to a sender that asked for more).
 //! With one flow, that is the flow's own peak, as before.
+//!
+//! The link's bins also keep the queueing the flows with timestamps
+//! measured ([`super::queueing`]): a flow without timestamps met the same
+//! queue in the bins it shared with them.
 
 use super::RATE_BIN_NS;
 
@@ -14,12 +18,15 @@ use super::RATE_BIN_NS;
 /// (6.4 s) finds its last bin forgotten, and that bin does not count.
 const RING: usize = 64;
 
-/// One [`RATE_BIN_NS`] bin of the link: every flow's payload bytes.
+/// One [`RATE_BIN_NS`] bin of the link: every flow's payload bytes, and
+/// the queueing its segments with timestamps met (ns: sum, count).
 #[derive(Clone, Copy, Debug, Default)]
 struct Bin {
     index: u64,
     bytes: u64,
     flows: u32,
+    queued_ns: f64,
+    queued: u32,
 }
 
 /// The traced link's recent bins (every data segment's payload, of every
@@ -41,8 +48,9 @@ impl Default for Link {
 
 impl Link {
     /// Adds `bytes` to the bin `index` (started when first met; nothing
-    /// once forgotten), counting one more flow in it if `new_flow`.
-    fn add(&mut self, index: u64, bytes: u64, new_flow: bool) {
+    /// once forgotten), counting one more flow in it if `new_flow`, and
+    /// the queueing the segment met if its timestamps told it.
+    fn add(&mut self, index: u64, bytes: u64, new_flow: bool, queued_ns: Option<f64>) {
         let b = &mut self.bins[index as usize % RING];
         if b.index < index {
             *b = Bin {
@@ -53,6 +61,10 @@ impl Link {
         if b.index == index {
             b.flows += u32::from(new_flow);
             b.bytes += bytes;
+            if let Some(q) = queued_ns {
+                b.queued_ns += q;
+                b.queued += 1;
+            }
             self.peak_bytes = self.peak_bytes.max(b.bytes);
         }
     }
@@ -83,6 +95,8 @@ impl Link {
             link_peak_bps: self.peak_bps(),
             part,
             flows: 1.0 / fair,
+            queueing_ns: (s.queued_bytes > 0)
+                .then(|| (s.queued_ns / s.queued_bytes as f64).max(0.0)),
         }
     }
 }
@@ -104,11 +118,16 @@ pub struct Share {
     others_bytes: u64,
     /// Σ (all flows' bytes / flows) over those bins: its fair share.
     fair_bytes: f64,
+    /// Σ own bytes × the bin's mean queueing, over the bins whose
+    /// queueing was measured, and those own bytes.
+    queued_ns: f64,
+    queued_bytes: u64,
 }
 
 impl Share {
-    /// A data segment of this flow took the link at `ts_ns`.
-    pub fn arrival(&mut self, link: &mut Link, ts_ns: u64, payload: u32) {
+    /// A data segment of this flow took the link at `ts_ns` (having met
+    /// `queued_ns` of queueing, if its timestamps told).
+    pub fn arrival(&mut self, link: &mut Link, ts_ns: u64, payload: u32, queued_ns: Option<f64>) {
         let index = ts_ns / RATE_BIN_NS;
         let new_bin = self.own == 0 || index > self.bin;
         if new_bin {
@@ -121,7 +140,7 @@ impl Share {
         }
         // A segment a little out of time order (another CPU's) counts in
         // its own bin, the flow staying in its latest.
-        link.add(index, u64::from(payload), new_bin);
+        link.add(index, u64::from(payload), new_bin, queued_ns);
         if index == self.bin {
             self.own += u64::from(payload);
         }
@@ -132,6 +151,10 @@ impl Share {
         self.own_bytes += own;
         self.others_bytes += b.bytes - own;
         self.fair_bytes += b.bytes as f64 / f64::from(b.flows.max(1));
+        if b.queued > 0 {
+            self.queued_ns += own as f64 * b.queued_ns / f64::from(b.queued);
+            self.queued_bytes += own;
+        }
     }
 }
 
@@ -144,6 +167,10 @@ pub struct Sharing {
     pub part: f64,
     /// Flows at once over its time (weighted by the link's bytes).
     pub flows: f64,
+    /// The queueing the link's segments with timestamps met in the bins
+    /// the flow had data in, weighted by its bytes there (none measured:
+    /// `None`).
+    pub queueing_ns: Option<f64>,
 }
 
 impl Sharing {
@@ -169,7 +196,7 @@ mod tests {
         for t in 0..ms {
             for (s, &b) in shares.iter_mut().zip(bytes_per_ms) {
                 if b > 0 {
-                    s.arrival(link, 1_000 * MS + t * MS, b);
+                    s.arrival(link, 1_000 * MS + t * MS, b, None);
                 }
             }
         }
@@ -213,7 +240,7 @@ mod tests {
         feed(&mut link, &mut s, &[12_500, 0], 500);
         for t in 500..1_000 {
             for f in s.iter_mut() {
-                f.arrival(&mut link, 1_000 * MS + t * MS, 6_250);
+                f.arrival(&mut link, 1_000 * MS + t * MS, 6_250, None);
             }
         }
         let sh = link.sharing(&s[0]);
@@ -227,10 +254,32 @@ mod tests {
         let (mut link, mut s) = (Link::default(), [Share::default(); 2]);
         // Both start 90 ms into a bin, 1 and 3 units a millisecond.
         for t in 90..1_000 {
-            s[0].arrival(&mut link, 1_000 * MS + t * MS, 1_000);
-            s[1].arrival(&mut link, 1_000 * MS + t * MS, 3_000);
+            s[0].arrival(&mut link, 1_000 * MS + t * MS, 1_000, None);
+            s[1].arrival(&mut link, 1_000 * MS + t * MS, 3_000, None);
         }
         close(link.sharing(&s[0]).part, 0.25);
         close(link.sharing(&s[1]).part, 0.75);
+    }
+
+    #[test]
+    fn a_flow_without_timestamps_takes_the_queue_the_others_measured() {
+        let (mut link, mut s) = (Link::default(), [Share::default(); 2]);
+        // The first 500 ms: 10 ms of queueing, then 50 ms; the flow
+        // without timestamps sends twice as much in the second half.
+        for t in 0..1_000 {
+            let queued = if t < 500 { 10.0 } else { 50.0 } * MS as f64;
+            s[0].arrival(&mut link, 1_000 * MS + t * MS, 1_000, Some(queued));
+            let b = if t < 500 { 1_000 } else { 2_000 };
+            s[1].arrival(&mut link, 1_000 * MS + t * MS, b, None);
+        }
+        close(link.sharing(&s[0]).queueing_ns.unwrap(), 30.0 * MS as f64);
+        close(
+            link.sharing(&s[1]).queueing_ns.unwrap(),
+            (10.0 + 2.0 * 50.0) / 3.0 * MS as f64,
+        );
+        // Nobody measured: nothing to take.
+        let (mut link, mut s) = (Link::default(), [Share::default()]);
+        feed(&mut link, &mut s, &[1_000], 500);
+        assert_eq!(link.sharing(&s[0]).queueing_ns, None);
     }
 }

@@ -1,0 +1,159 @@
+//! The queue a flow's round trips met, seen from the receiver alone.
+//!
+//! A handshake crosses an empty path; the data after it queues at the
+//! bottleneck behind the flow's own window and the other flows'. The
+//! window simulation ([`super::throughput`]) builds the flow's own queue
+//! itself (a window past the path's bandwidth-delay product only queues),
+//! so the replay's round trip is the handshake's plus the part of the
+//! queue the others made: the queueing delay times the share of the
+//! link's bytes that were not the flow's (a FIFO holds each flow's bytes
+//! in proportion to its rate).
+//!
+//! With TCP timestamps, a data segment echoes (TSecr) the TSval of the
+//! latest ACK its sender had from this host, on this host's TCP clock
+//! (1 ms ticks of CLOCK_MONOTONIC, plus a per-connection offset): arrival
+//! minus echo is a round trip plus a constant, and its excess over its
+//! minimum is the queueing (Linux's receiver measures its RTT so,
+//! `tcp_rcv_rtt_measure_ts`). A flow without timestamps (a classic
+//! sender) met the same FIFO queue as the flows that had them: it takes
+//! theirs, over the bins of the link it had data in ([`super::share`]).
+
+/// Echoes must span this long (arrival time) before they count, and their
+/// ticks must advance at 1 ms per ms over it (a clock of another unit, such
+/// as a connection's microsecond timestamps, is not read).
+const MIN_ECHO_SPAN_NS: u64 = 100_000_000;
+const TICK_NS: i64 = 1_000_000;
+
+/// What a flow's echoed timestamps say of the queue its data met.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Queueing {
+    echoes: Option<Echoes>,
+}
+
+/// Arrival minus echoed TSval, ns, relative to the first echo's.
+#[derive(Clone, Copy, Debug)]
+struct Echoes {
+    first_ns: u64,
+    first_tsecr: u32,
+    min: i64,
+    sum: f64,
+    count: u64,
+    /// The latest arrival (ns after the first) and its echo's ticks after
+    /// the first's.
+    span_ns: u64,
+    span_ticks: i64,
+}
+
+impl Echoes {
+    /// Whether the echoes span long enough, on a 1 ms clock.
+    fn readable(&self) -> bool {
+        let rate = (self.span_ticks * TICK_NS) as f64 / self.span_ns as f64;
+        self.span_ns >= MIN_ECHO_SPAN_NS && (0.9..1.1).contains(&rate)
+    }
+}
+
+/// An echo reads its ACK's time a fraction of a tick early, the minimum's
+/// by almost nothing (of many, one was sent at a tick's start): on
+/// average, half a tick.
+const TICK_BIAS_NS: f64 = TICK_NS as f64 / 2.0;
+
+impl Queueing {
+    /// A data segment arrived at `ts_ns` echoing `tsecr` (none: no
+    /// timestamps; 0: nothing echoed yet). Returns the queueing it met,
+    /// ns, as far as the echoes so far tell (the minimum may still fall;
+    /// with the tick's rounding, one may read below zero), once they can
+    /// be read.
+    pub fn echo(&mut self, ts_ns: u64, tsecr: Option<u32>) -> Option<f64> {
+        let tsecr = tsecr.filter(|&e| e != 0)?;
+        let e = self.echoes.get_or_insert(Echoes {
+            first_ns: ts_ns,
+            first_tsecr: tsecr,
+            min: 0,
+            sum: 0.0,
+            count: 0,
+            span_ns: 0,
+            span_ticks: 0,
+        });
+        let since = ts_ns as i64 - e.first_ns as i64;
+        let ticks = i64::from(tsecr.wrapping_sub(e.first_tsecr) as i32);
+        let d = since - ticks * TICK_NS;
+        e.min = e.min.min(d);
+        e.sum += d as f64;
+        e.count += 1;
+        if since > e.span_ns as i64 {
+            e.span_ns = since as u64;
+            e.span_ticks = ticks;
+        }
+        e.readable().then(|| (d - e.min) as f64 - TICK_BIAS_NS)
+    }
+
+    /// The mean queueing delay, ns, if the echoes tell it.
+    pub fn delay_ns(&self) -> Option<f64> {
+        let e = self.echoes.filter(Echoes::readable)?;
+        Some((e.sum / e.count as f64 - e.min as f64 - TICK_BIAS_NS).max(0.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// A flow whose ACKs leave this host every 0.7 ms (at every point of
+    /// a tick) and whose data arrives `rtt(n)` after the n-th ACK it
+    /// echoes; its TSval clock starts at `offset`.
+    fn echoed(rtt_ms: impl Fn(u64) -> u64, offset: u32) -> Queueing {
+        let mut q = Queueing::default();
+        for n in 0..2000u64 {
+            let ack_ns = 5 * MS + 300_000 + n * MS * 7 / 10;
+            let tsval = offset.wrapping_add((ack_ns / MS) as u32);
+            q.echo(ack_ns + rtt_ms(n) * MS, Some(tsval));
+        }
+        q
+    }
+
+    /// Within `by` ms of `ms`.
+    fn near(ns: f64, ms: f64, by: f64) -> bool {
+        (ns - ms * MS as f64).abs() < by * MS as f64
+    }
+
+    #[test]
+    fn echoes_measure_the_queue_over_the_empty_round_trip() {
+        // 80 ms empty, then 50 ms of queue for the second half: 25 ms mean
+        // (the TSval clock wrapping on the way).
+        let q = echoed(|n| if n < 1000 { 80 } else { 130 }, u32::MAX - 300);
+        assert!(near(q.delay_ns().unwrap(), 25.0, 0.1), "{q:?}");
+        // An empty path: no queue (the tick's rounding is not one).
+        let q = echoed(|_| 80, 7);
+        assert!(near(q.delay_ns().unwrap(), 0.0, 0.1), "{q:?}");
+    }
+
+    #[test]
+    fn each_segment_reads_the_queue_it_met() {
+        let mut q = echoed(|_| 80, 7);
+        let last_ack = 5 * MS + 300_000 + 1999 * MS * 7 / 10;
+        let met = q.echo(last_ack + 130 * MS, Some(7 + (last_ack / MS) as u32));
+        // One segment's reading is right within half a tick.
+        assert!(near(met.unwrap(), 50.0, 0.5), "{met:?}");
+        // Without timestamps, or before anything was echoed: nothing.
+        assert_eq!(q.echo(last_ack + 131 * MS, None), None);
+        assert_eq!(q.echo(last_ack + 131 * MS, Some(0)), None);
+    }
+
+    #[test]
+    fn a_clock_of_another_unit_is_not_read() {
+        let mut q = Queueing::default();
+        for t in 0..1000u64 {
+            // Microsecond ticks.
+            q.echo(90 * MS + t * MS, Some(1 + (t * 1000) as u32));
+        }
+        assert_eq!(q.delay_ns(), None);
+        // Echoes over less than 100 ms are too few to tell.
+        let mut q = Queueing::default();
+        for t in 0..50u64 {
+            assert_eq!(q.echo(90 * MS + t * MS, Some(1 + t as u32)), None);
+        }
+        assert_eq!(q.delay_ns(), None);
+    }
+}
