@@ -1096,6 +1096,7 @@ fn wire_update(
         // A copy of bytes already seen, not sent before the retransmission
         // it followed.
         Class::Duplicate if out.behind_retransmission.is_none() => {
+            w.log.resent_after_original(a.start, s.ts_ns);
             w.log.wire_copy(a.start, a.end, true)
         }
         _ => w.log.wire_copy(a.start, a.end, false),

@@ -159,9 +159,10 @@ pub struct Refill {
     pub start: u64,
 }
 
-/// How many of the latest late originals a TCP-layer discard is matched
-/// against.
-const DISCARD_SEARCH: usize = 256;
+/// How many of the latest late originals a TCP-layer discard, or a
+/// retransmission after its original, is matched against (a discard
+/// follows within microseconds, a retransmission a round trip later).
+const LATE_SEARCH: usize = 256;
 
 /// Most TCP-layer arrivals and timestamp ticks kept per flow for the
 /// ACK-level replay (about 6 MB; some 190 MB of a flow's data when GRO
@@ -280,10 +281,29 @@ impl FlowLog {
     /// count as lost. (They were logged microseconds before: only the most
     /// recent entries are searched.)
     pub fn discarded(&mut self, start: u64, end: u64) {
-        for l in self.late.iter_mut().rev().take(DISCARD_SEARCH) {
+        for l in self.late.iter_mut().rev().take(LATE_SEARCH) {
             if !l.after_retransmission && (start..end).contains(&l.start) {
                 l.discarded = true;
             }
+        }
+    }
+
+    /// A retransmission of `start` arrived at `ts_ns` after its original
+    /// (late, as logged): a round trip after the original's hole opened,
+    /// if the sender retransmitted at the third duplicate ACK.
+    pub fn resent_after_original(&mut self, start: u64, ts_ns: u64) {
+        let since_first = ts_ns.saturating_sub(self.first_ns.unwrap_or(ts_ns));
+        let opened = self
+            .late
+            .iter()
+            .rev()
+            .take(LATE_SEARCH)
+            .find(|l| l.start == start && !l.after_retransmission)
+            .map(|l| l.overtaken_ns);
+        if let Some(opened) = opened {
+            self.held += self
+                .queueing
+                .retransmission(since_first.saturating_sub(opened));
         }
     }
 
@@ -399,6 +419,9 @@ impl FlowLog {
     }
 
     pub fn refill(&mut self, mut r: Refill) {
+        self.held += self
+            .queueing
+            .retransmission(r.filled_ns.saturating_sub(r.opened_ns));
         let first = self.first_ns.unwrap_or(r.opened_ns);
         r.opened_ns = r.opened_ns.saturating_sub(first);
         r.filled_ns = r.filled_ns.saturating_sub(first);
@@ -413,7 +436,10 @@ impl FlowLog {
     pub fn held_bytes(&self) -> u64 {
         debug_assert_eq!(
             self.held,
-            vec_bytes(&self.late) + vec_bytes(&self.refills) + self.ack_log_bytes()
+            vec_bytes(&self.late)
+                + vec_bytes(&self.refills)
+                + self.queueing.held_bytes()
+                + self.ack_log_bytes()
         );
         self.held
     }
@@ -539,8 +565,8 @@ pub struct Assumptions {
     pub rtt_from: Source,
     pub min_rtt_us: f64,
     /// The mean queueing delay the flow's data met, when measured from
-    /// the trace (its echoed timestamps, else those of the flows that
-    /// shared the link with it).
+    /// the trace (its echoed timestamps, else its fast retransmissions,
+    /// else the echoes of the flows that shared the link with it).
     pub queueing_us: Option<f64>,
     /// How long after an arrival its ACK reached the sender's TCP (when
     /// measured: the median; the replay then uses each ACK's own).
@@ -630,7 +656,7 @@ impl ReplayConfig {
         let queueing_us = (rtt_from == Source::Trace)
             .then(|| {
                 log.queueing
-                    .delay_ns()
+                    .delay_ns((rtt_us * 1000.0) as u64)
                     .or(sharing.and_then(|s| s.queueing_ns))
             })
             .flatten()

@@ -14,20 +14,34 @@
 //! (1 ms ticks of CLOCK_MONOTONIC, plus a per-connection offset): arrival
 //! minus echo is a round trip plus a constant, and its excess over its
 //! minimum is the queueing (Linux's receiver measures its RTT so,
-//! `tcp_rcv_rtt_measure_ts`). A flow without timestamps (a classic
-//! sender) met the same FIFO queue as the flows that had them: it takes
-//! theirs, over the bins of the link it had data in ([`super::share`]).
+//! `tcp_rcv_rtt_measure_ts`). Without timestamps (a classic sender), each
+//! fast retransmission tells a round trip: the first segment above a hole
+//! had the receiver send a duplicate ACK, and the retransmission the third
+//! one triggered arrived a round trip (and two segments) later; the
+//! median, less the handshake's round trip, is the queueing (one later
+//! than Linux's minimum RTO, 200 ms, past the handshake's may have waited
+//! for its timer: not counted). Failing both, the flow met the queue the
+//! flows with timestamps measured in the link's bins it had data in (the
+//! same FIFO, if they shared it: [`super::share`]).
 
 /// Echoes must span this long (arrival time) before they count, and their
 /// ticks must advance at 1 ms per ms over it (a clock of another unit, such
 /// as a connection's microsecond timestamps, is not read).
 const MIN_ECHO_SPAN_NS: u64 = 100_000_000;
 const TICK_NS: i64 = 1_000_000;
+/// Fast retransmissions' round trips kept (the first ones).
+const MAX_RETRANSMIT_RTTS: usize = 1024;
+/// A retransmission this long past the handshake's round trip may have
+/// waited for its timer (Linux's minimum RTO).
+const RTO_MIN_NS: u64 = 200_000_000;
 
-/// What a flow's echoed timestamps say of the queue its data met.
-#[derive(Clone, Copy, Debug, Default)]
+/// What a flow's echoed timestamps and retransmissions say of the queue
+/// its data met.
+#[derive(Clone, Debug, Default)]
 pub struct Queueing {
     echoes: Option<Echoes>,
+    /// Round trips of retransmissions, µs.
+    retransmit_rtts: Vec<u32>,
 }
 
 /// Arrival minus echoed TSval, ns, relative to the first echo's.
@@ -87,10 +101,40 @@ impl Queueing {
         e.readable().then(|| (d - e.min) as f64 - TICK_BIAS_NS)
     }
 
-    /// The mean queueing delay, ns, if the echoes tell it.
-    pub fn delay_ns(&self) -> Option<f64> {
-        let e = self.echoes.filter(Echoes::readable)?;
-        Some((e.sum / e.count as f64 - e.min as f64 - TICK_BIAS_NS).max(0.0))
+    /// A retransmission arrived `rtt_ns` after the first segment above
+    /// its hole. Returns the heap bytes this took.
+    pub fn retransmission(&mut self, rtt_ns: u64) -> u64 {
+        let v = &mut self.retransmit_rtts;
+        if v.len() == MAX_RETRANSMIT_RTTS {
+            return 0;
+        }
+        let before = v.capacity();
+        v.push(u32::try_from(rtt_ns / 1000).unwrap_or(u32::MAX));
+        ((v.capacity() - before) * size_of::<u32>()) as u64
+    }
+
+    pub fn held_bytes(&self) -> u64 {
+        (self.retransmit_rtts.capacity() * size_of::<u32>()) as u64
+    }
+
+    /// The mean queueing delay, ns, if the echoes tell it, else the median
+    /// fast retransmission's past `base_rtt_ns` (the handshake's).
+    pub fn delay_ns(&self, base_rtt_ns: u64) -> Option<f64> {
+        if let Some(e) = self.echoes.filter(Echoes::readable) {
+            return Some((e.sum / e.count as f64 - e.min as f64 - TICK_BIAS_NS).max(0.0));
+        }
+        let mut fast: Vec<u64> = self
+            .retransmit_rtts
+            .iter()
+            .map(|&us| u64::from(us) * 1000)
+            .filter(|&ns| ns < base_rtt_ns + RTO_MIN_NS)
+            .collect();
+        if fast.is_empty() {
+            return None;
+        }
+        let mid = fast.len() / 2;
+        let median = *fast.select_nth_unstable(mid).1;
+        Some(median.saturating_sub(base_rtt_ns) as f64)
     }
 }
 
@@ -123,10 +167,10 @@ mod tests {
         // 80 ms empty, then 50 ms of queue for the second half: 25 ms mean
         // (the TSval clock wrapping on the way).
         let q = echoed(|n| if n < 1000 { 80 } else { 130 }, u32::MAX - 300);
-        assert!(near(q.delay_ns().unwrap(), 25.0, 0.1), "{q:?}");
+        assert!(near(q.delay_ns(80 * MS).unwrap(), 25.0, 0.1), "{q:?}");
         // An empty path: no queue (the tick's rounding is not one).
         let q = echoed(|_| 80, 7);
-        assert!(near(q.delay_ns().unwrap(), 0.0, 0.1), "{q:?}");
+        assert!(near(q.delay_ns(80 * MS).unwrap(), 0.0, 0.1), "{q:?}");
     }
 
     #[test]
@@ -148,12 +192,28 @@ mod tests {
             // Microsecond ticks.
             q.echo(90 * MS + t * MS, Some(1 + (t * 1000) as u32));
         }
-        assert_eq!(q.delay_ns(), None);
+        assert_eq!(q.delay_ns(80 * MS), None);
         // Echoes over less than 100 ms are too few to tell.
         let mut q = Queueing::default();
         for t in 0..50u64 {
             assert_eq!(q.echo(90 * MS + t * MS, Some(1 + t as u32)), None);
         }
-        assert_eq!(q.delay_ns(), None);
+        assert_eq!(q.delay_ns(80 * MS), None);
+    }
+
+    #[test]
+    fn without_echoes_the_median_fast_retransmission_tells() {
+        let mut q = Queueing::default();
+        assert_eq!(q.delay_ns(80 * MS), None);
+        // Fast retransmissions after 120-135 ms; two waited for the timer.
+        for ms in [120, 130, 400, 125, 135, 290] {
+            q.retransmission(ms * MS);
+        }
+        assert_eq!(q.delay_ns(80 * MS), Some(50e6));
+        assert!(q.held_bytes() >= 6 * 4);
+        // Only timeouts: nothing told.
+        let mut q = Queueing::default();
+        q.retransmission(300 * MS);
+        assert_eq!(q.delay_ns(80 * MS), None);
     }
 }

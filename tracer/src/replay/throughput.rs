@@ -1,5 +1,6 @@
 //! What a sender's congestion window makes of a sequence of recovery
-//! episodes: a CUBIC (RFC 8312: β = 0.7, C = 0.4) and a Reno window
+//! episodes: a CUBIC (RFC 8312: β = 0.7, C = 0.4; fast convergence and
+//! RFC 9438's K, as Linux) and a Reno window
 //! simulated round trip by round trip, and the closed-form response
 //! functions (Mathis, Padhye, RFC 8312's CUBIC average window) as a
 //! cross-check. Windows are in segments, rates in bits per second.
@@ -86,8 +87,9 @@ pub fn simulate(
         Start::SlowStart(w) => (w, true),
     };
     let mut w = start_window.clamp(1.0, cap);
-    // CUBIC epoch state.
-    let (mut w_max, mut epoch_start, mut w_est) = (w, 0.0f64, w);
+    // CUBIC epoch state: the last maximum, when the epoch began, the
+    // window then, and the TCP-friendly estimate.
+    let (mut w_max, mut epoch_start, mut w_epoch, mut w_est) = (w, 0.0f64, w, w);
     let episodes: &[f64] = match reductions {
         Reductions::At(e) => e,
         Reductions::EverySegments(_) => &[],
@@ -117,10 +119,16 @@ pub fn simulate(
             match c {
                 Congestion::Reno => w = (w * 0.5).max(2.0),
                 Congestion::Cubic => {
-                    w_max = w;
+                    // Fast convergence (RFC 8312 §4.6, on in Linux): a
+                    // window that fell short of the last maximum gives up
+                    // some of it.
+                    w_max = if w < w_max {
+                        w * (1.0 + CUBIC_BETA) / 2.0
+                    } else {
+                        w
+                    };
                     w = (w * CUBIC_BETA).max(2.0);
-                    epoch_start = t;
-                    w_est = w;
+                    (epoch_start, w_epoch, w_est) = (t, w, w);
                 }
             }
             continue;
@@ -134,7 +142,9 @@ pub fn simulate(
         match c {
             Congestion::Reno => w += 1.0,
             Congestion::Cubic => {
-                let k = (w_max * (1.0 - CUBIC_BETA) / CUBIC_C).cbrt();
+                // RFC 9438 §4.2 (as Linux): the time to regain W_max from
+                // the window the epoch began with.
+                let k = ((w_max - w_epoch).max(0.0) / CUBIC_C).cbrt();
                 let elapsed = t - epoch_start + rtt;
                 let cubic = CUBIC_C * (elapsed - k).powi(3) + w_max;
                 // TCP-friendly estimate (RFC 8312 §4.2), per round trip.
