@@ -163,7 +163,7 @@ impl Engine {
                 go
             });
             for (_, f) in evicted {
-                self.retired.retire(&f);
+                self.retired.retire(&f, &self.link);
                 self.memory.evicted_for_memory += 1;
             }
         }

@@ -560,20 +560,26 @@ pub struct Engine {
 }
 
 /// The books on flows: what evicted ones contributed (so totals stay
-/// whole), how many were evicted, and the heap bytes the tracked ones hold
-/// ([`FlowState::held`], summed).
+/// whole, their replays too: each is replayed as it leaves), how many were
+/// evicted, and the heap bytes the tracked ones hold ([`FlowState::held`],
+/// summed).
 #[derive(Default)]
 struct Retired {
     totals: Box<FlowTotals>,
     evictions: u64,
     flows_held: u64,
+    replay: ReplayConfig,
 }
 
 impl Retired {
-    fn retire(&mut self, old: &FlowState) {
+    fn retire(&mut self, old: &FlowState, link: &Link) {
         self.evictions += 1;
         self.flows_held -= old.held;
         self.totals.add_flow(old);
+        if let Some(r) = old.replay(&self.replay, link) {
+            let t = &mut self.totals.replay;
+            *t = Some(Replay::total(t.iter().chain([&r])));
+        }
     }
 }
 
@@ -622,7 +628,10 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         Self {
             flows: FlowTable::new(cfg.max_flows),
-            retired: Retired::default(),
+            retired: Retired {
+                replay: cfg.replay,
+                ..Retired::default()
+            },
             table_weighed: 0,
             live: Live::default(),
             retransmit_events: 0,
@@ -648,7 +657,7 @@ impl Engine {
     }
 
     fn flow(&mut self, flow: Flow, ts_ns: u64) -> &mut FlowState {
-        tracked(&mut self.flows, &mut self.retired, flow, ts_ns)
+        tracked(&mut self.flows, &mut self.retired, &self.link, flow, ts_ns)
     }
 
     /// Processes one observation; wire segments with data get their class.
@@ -680,7 +689,13 @@ impl Engine {
         self.live.segments += 1;
         self.live.payload_bytes += u64::from(s.payload_len);
         let cfg = self.cfg;
-        let f = tracked(&mut self.flows, &mut self.retired, s.flow, s.ts_ns);
+        let f = tracked(
+            &mut self.flows,
+            &mut self.retired,
+            &self.link,
+            s.flow,
+            s.ts_ns,
+        );
         f.segments += 1;
         path(&mut f.paths, s.rx_queue, s.cpu).segments += 1;
         if s.flags & SYN != 0 {
@@ -879,6 +894,11 @@ impl Engine {
     #[inline(never)]
     fn snapshot_with(&self, replay: bool, max_flows: usize, keep: Option<&str>) -> Snapshot {
         let mut totals = (*self.retired.totals).clone();
+        if !replay {
+            // Without the tracked flows' replays, the evicted ones' would
+            // pass for all.
+            totals.replay = None;
+        }
         let mut shown: Vec<(&Flow, &FlowState)> = Vec::with_capacity(self.flows.len());
         // Over every tracked flow, not only those shown.
         let mut verdicts = BTreeMap::new();
@@ -967,6 +987,7 @@ impl Engine {
 fn tracked<'a>(
     flows: &'a mut FlowTable<FlowState>,
     retired: &mut Retired,
+    link: &Link,
     flow: Flow,
     ts_ns: u64,
 ) -> &'a mut FlowState {
@@ -975,7 +996,7 @@ fn tracked<'a>(
         ..Default::default()
     });
     if let Some((_, old)) = evicted {
-        retired.retire(&old);
+        retired.retire(&old, link);
     }
     f.last_ns = ts_ns;
     f

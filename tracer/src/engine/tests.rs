@@ -346,6 +346,50 @@ fn flow_table_is_bounded_and_totals_survive_eviction() {
 }
 
 #[test]
+fn evicted_flows_replays_stay_in_the_totals() {
+    let run = |max_flows| {
+        let mut e = Engine::new(EngineConfig {
+            max_flows,
+            ..Default::default()
+        });
+        for port in 1..=5 {
+            // Segment 1 arrives after four above it: a classic sender
+            // retransmits it.
+            let mut order = vec![(0, 0, 0)];
+            order.extend((2..6).map(|n| (n, 1, 1)));
+            order.extend((1..2).chain(6..12).map(|n| (n, 0, 0)));
+            feed(&mut e, flow(port), 100, &order);
+        }
+        let s = e.snapshot();
+        let classic = |r: &Replay| {
+            let p = r.policies.iter().find(|p| p.name == "classic").unwrap();
+            (p.recovery_episodes, p.spurious_retransmissions)
+        };
+        let flows: Vec<_> = s
+            .flows
+            .iter()
+            .map(|f| classic(f.replay.as_ref().unwrap()))
+            .collect();
+        (s.evicted_flows, classic(&s.totals.replay), flows)
+    };
+    let (evicted, all, flows) = run(10);
+    assert_eq!((evicted, flows.len()), (0, 5));
+    assert!(all.0 >= 5 && all.1 >= 5, "{all:?}");
+    // Two of the five evicted: the totals still hold their replays.
+    let (evicted, bounded, flows) = run(3);
+    assert_eq!((evicted, flows.len()), (2, 3));
+    assert_eq!(bounded, all);
+    // The live view replays nothing, evicted or not.
+    let mut e = Engine::new(EngineConfig {
+        max_flows: 1,
+        ..Default::default()
+    });
+    feed(&mut e, flow(1), 100, &[(0, 0, 0), (1, 0, 0)]);
+    feed(&mut e, flow(2), 100, &[(0, 0, 0), (1, 0, 0)]);
+    assert!(e.live_snapshot(10, None).totals.replay.policies.is_empty());
+}
+
+#[test]
 fn snapshots_are_deterministic_and_carry_the_documented_json() {
     let run = || {
         let mut e = Engine::new(EngineConfig::default());
