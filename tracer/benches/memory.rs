@@ -61,7 +61,7 @@ fn main() {
             let mut peak = 0;
             let t = Instant::now();
             for (k, obs) in stream().enumerate() {
-                black_box(e.observe_obs(&obs));
+                black_box(e.observe(&obs));
                 if k % 4096 == 0 {
                     peak = peak.max(heap::heap() - before);
                 }

@@ -327,7 +327,7 @@ fn drain(
         *received += 1;
         match source::decode_with_frame(&record) {
             Ok((obs, frame)) => {
-                engine.observe_obs(&obs);
+                engine.observe(&obs);
                 for sink in sinks.iter_mut() {
                     sink.observe(
                         &obs,

@@ -740,7 +740,7 @@ mod tests {
             dst: "10.0.0.2:80".parse().unwrap(),
         };
         for (i, &(n, q)) in order.iter().enumerate() {
-            e.observe_obs(&Observation::Segment(Segment {
+            e.observe(&Observation::Segment(Segment {
                 ts_ns: i as u64 * 1000,
                 ifindex: 1,
                 rx_queue: q,

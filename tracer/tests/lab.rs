@@ -474,7 +474,7 @@ fn segment_by_segment(obs: &Path, truth: &Path) -> Account {
     let mut engine = Engine::new(EngineConfig::default());
     for line in BufReader::new(std::fs::File::open(obs).unwrap()).lines() {
         let o: Observation = serde_json::from_str(&line.unwrap()).unwrap();
-        let classified = engine.observe_obs(&o);
+        let classified = engine.observe(&o);
         let Observation::Segment(s) = &o else {
             continue;
         };

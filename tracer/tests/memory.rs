@@ -35,7 +35,7 @@ fn feed(e: &mut Engine, uploads: Uploads) -> i64 {
     let before = heap();
     let mut peak = 0;
     for (k, obs) in uploads.enumerate() {
-        e.observe_obs(&obs);
+        e.observe(&obs);
         if k % 1024 == 0 {
             peak = peak.max(heap() - before);
         }

@@ -163,7 +163,7 @@ impl Engine {
                 go
             });
             for (_, f) in evicted {
-                self.retired.retire(&f, &self.link);
+                self.retired.retire(&f, &self.cfg.replay, &self.link);
                 self.memory.evicted_for_memory += 1;
             }
         }

@@ -568,15 +568,14 @@ struct Retired {
     totals: Box<FlowTotals>,
     evictions: u64,
     flows_held: u64,
-    replay: ReplayConfig,
 }
 
 impl Retired {
-    fn retire(&mut self, old: &FlowState, link: &Link) {
+    fn retire(&mut self, old: &FlowState, replay: &ReplayConfig, link: &Link) {
         self.evictions += 1;
         self.flows_held -= old.held;
         self.totals.add_flow(old);
-        if let Some(r) = old.replay(&self.replay, link) {
+        if let Some(r) = old.replay(replay, link) {
             let t = &mut self.totals.replay;
             *t = Some(Replay::total(t.iter().chain([&r])));
         }
@@ -628,10 +627,7 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Self {
         Self {
             flows: FlowTable::new(cfg.max_flows),
-            retired: Retired {
-                replay: cfg.replay,
-                ..Retired::default()
-            },
+            retired: Retired::default(),
             table_weighed: 0,
             live: Live::default(),
             retransmit_events: 0,
@@ -657,11 +653,19 @@ impl Engine {
     }
 
     fn flow(&mut self, flow: Flow, ts_ns: u64) -> &mut FlowState {
-        tracked(&mut self.flows, &mut self.retired, &self.link, flow, ts_ns)
+        let replay = &self.cfg.replay;
+        tracked(
+            &mut self.flows,
+            &mut self.retired,
+            replay,
+            &self.link,
+            flow,
+            ts_ns,
+        )
     }
 
     /// Processes one observation; wire segments with data get their class.
-    pub fn observe_obs(&mut self, obs: &Observation) -> Option<Classified> {
+    pub fn observe(&mut self, obs: &Observation) -> Option<Classified> {
         match obs {
             Observation::Segment(s) => self.segment(s),
             Observation::TcpProbe(p) => {
@@ -692,6 +696,7 @@ impl Engine {
         let f = tracked(
             &mut self.flows,
             &mut self.retired,
+            &cfg.replay,
             &self.link,
             s.flow,
             s.ts_ns,
@@ -987,6 +992,7 @@ impl Engine {
 fn tracked<'a>(
     flows: &'a mut FlowTable<FlowState>,
     retired: &mut Retired,
+    replay: &ReplayConfig,
     link: &Link,
     flow: Flow,
     ts_ns: u64,
@@ -996,7 +1002,7 @@ fn tracked<'a>(
         ..Default::default()
     });
     if let Some((_, old)) = evicted {
-        retired.retire(&old, link);
+        retired.retire(&old, replay, link);
     }
     f.last_ns = ts_ns;
     f

@@ -235,7 +235,7 @@ fn local_retransmissions_classify_late_segments() {
         e.segment(&seg(f, 0, n, 10 + u64::from(n), 0, 0));
     }
     // This host resent segment 1 (same TSval would otherwise say original).
-    e.observe_obs(&Observation::Retransmit(crate::source::Retransmit {
+    e.observe(&Observation::Retransmit(crate::source::Retransmit {
         ts_ns: 20_000,
         cpu: 0,
         flow: f,
@@ -287,27 +287,27 @@ fn tcp_layer_view_counts_its_own_order() {
         (4001, 1000, 0),
     ] {
         let rcv_nxt = if seq == 1 { 1 } else { 3001 };
-        e.observe_obs(&probe(seq, len, rcv_nxt, gso_segs, 100));
+        e.observe(&probe(seq, len, rcv_nxt, gso_segs, 100));
     }
     // Two ticks older than ts_recent: PAWS drops it, and it counts for
     // nothing else; one tick older is still accepted (new data, above the
     // hole).
-    e.observe_obs(&probe(9001, 1000, 3001, 0, 98));
-    e.observe_obs(&probe(9001, 1000, 3001, 0, 99));
+    e.observe(&probe(9001, 1000, 3001, 0, 98));
+    e.observe(&probe(9001, 1000, 3001, 0, 99));
     // Without data: a late FIN is discarded by PAWS as well (the kernel
     // counts it in PAWSEstab), and so is a late pure ACK out of sequence
     // (seen on Linux 6.1: such ACKs above rcv_nxt were the PAWSEstab the
     // tracer missed); a late duplicate ACK in sequence is let through
     // (tcp_disordered_ack), an RST is not counted.
-    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, ACK | FIN));
-    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, ACK));
-    e.observe_obs(&probe_flags(3001, 0, 3001, 0, 97, ACK));
-    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 97, RST | FIN));
+    e.observe(&probe_flags(10001, 0, 3001, 0, 97, ACK | FIN));
+    e.observe(&probe_flags(10001, 0, 3001, 0, 97, ACK));
+    e.observe(&probe_flags(3001, 0, 3001, 0, 97, ACK));
+    e.observe(&probe_flags(10001, 0, 3001, 0, 97, RST | FIN));
     // A FIN that overtook the last data is queued out of order (it takes
     // a sequence number) and counted in rcv_ooopack like a segment; one
     // in sequence is not.
-    e.observe_obs(&probe_flags(10001, 0, 3001, 0, 100, ACK | FIN));
-    e.observe_obs(&probe_flags(3001, 0, 3001, 0, 100, ACK | FIN));
+    e.observe(&probe_flags(10001, 0, 3001, 0, 100, ACK | FIN));
+    e.observe(&probe_flags(3001, 0, 3001, 0, 100, ACK | FIN));
     let r = one_flow(&e);
     assert_eq!(r.tcp_layer.events, 6);
     assert_eq!(r.tcp_layer.paws_discarded, 3);
@@ -483,7 +483,7 @@ fn a_copy_of_what_the_receiving_tcp_missed_is_its_retransmission() {
             ..seg(f, isn, n, 10 + u64::from(n), 0, 0)
         });
         if n != 2 {
-            e.observe_obs(&probe(n));
+            e.observe(&probe(n));
         }
     }
     // The sender's retransmission of 2, in the same tick: a duplicate on
@@ -494,7 +494,7 @@ fn a_copy_of_what_the_receiving_tcp_missed_is_its_retransmission() {
         ..seg(f, isn, 2, 30, 0, 0)
     };
     assert_eq!(e.segment(&again).map(|c| c.class), Some(Class::Duplicate));
-    e.observe_obs(&probe(2));
+    e.observe(&probe(2));
     let w = e.flow(f, 0).wire.as_ref().unwrap();
     let last = *w.log.acks.as_deref().unwrap().tcp.last().unwrap();
     assert_eq!(last.end - last.start, u64::from(MSS));

@@ -839,7 +839,7 @@ pub fn feed<R: Read>(
                     s.filtered += u64::from(segment);
                 } else {
                     s.tcp += u64::from(segment);
-                    if let (Some(c), Observation::Segment(seg)) = (engine.observe_obs(&obs), &obs) {
+                    if let (Some(c), Observation::Segment(seg)) = (engine.observe(&obs), &obs) {
                         classified(seg, &c);
                     }
                 }
