@@ -1145,6 +1145,7 @@ mod tests {
             ack_level: true,
             late_copies_lost: 0,
             ack_log_shed: false,
+            sharing: None,
         }
     }
 

@@ -605,6 +605,10 @@ pub struct Assumptions {
     /// The flow's ACK-level log was given up to stay within the memory
     /// budget (`--memory-mib`): replayed from the wire.
     pub ack_log_shed: bool,
+    /// What the flow shared the link with (the trace's, when replayed
+    /// from it).
+    #[serde(skip)]
+    pub sharing: Option<share::Sharing>,
 }
 
 impl Assumptions {
@@ -617,6 +621,21 @@ impl Assumptions {
             f64::INFINITY
         };
         at_bottleneck.min(self.send_interval_us * 1000.0) as u64
+    }
+
+    /// The round trip of a slow start that ended `until_s` into the flow:
+    /// from the trace, the handshake's plus the others' part of the
+    /// queueing the link measured in the flow's bins until then (a slow
+    /// start's few round trips met the queue as it was, not the run's
+    /// mean); else the replay's round trip.
+    pub fn slow_start_rtt_us(&self, until_s: f64) -> f64 {
+        let early = self
+            .sharing
+            .filter(|_| self.rtt_from == Source::Trace)
+            .and_then(|s| Some((s.part, s.early_queueing_ns(until_s)?)));
+        early.map_or(self.rtt_us, |(part, q)| {
+            self.min_rtt_us + (1.0 - part) * q / 1000.0
+        })
     }
 }
 
@@ -655,9 +674,10 @@ impl ReplayConfig {
         // the flow's own ([`queueing`]).
         let queueing_us = (rtt_from == Source::Trace)
             .then(|| {
-                log.queueing
-                    .delay_ns((rtt_us * 1000.0) as u64)
+                let q = &log.queueing;
+                q.echoed_ns()
                     .or(sharing.and_then(|s| s.queueing_ns))
+                    .or_else(|| q.retransmitted_ns((rtt_us * 1000.0) as u64))
             })
             .flatten()
             .map(|ns| ns / 1000.0);
@@ -721,6 +741,7 @@ impl ReplayConfig {
             ack_level: false,
             late_copies_lost: log.acks.as_deref().map_or(0, |l| l.late_copies_lost),
             ack_log_shed: log.acks_shed,
+            sharing,
         }
     }
 }
@@ -991,6 +1012,7 @@ mod tests {
             part,
             flows: 2.0,
             queueing_ns: None,
+            early_queueing_ns: [None; share::EARLY_BINS],
         };
         let handshake = TraceRtt::Observed(Some(80 * MS));
         let cfg = ReplayConfig::default();
@@ -1012,6 +1034,22 @@ mod tests {
         assert_eq!((a.queueing_us, a.rtt_us), (Some(40_000.0), 110_000.0));
         let a = cfg.assumptions(&bare, handshake, Some(sharing(0.25)));
         assert_eq!((a.queueing_us, a.rtt_us), (None, 80_000.0));
+        // Its fast retransmissions tell less than the link's measured
+        // queue, and only when nothing measured it.
+        bare.queueing.retransmission(100 * MS);
+        let a = cfg.assumptions(&bare, handshake, Some(measured));
+        assert_eq!(a.queueing_us, Some(40_000.0));
+        let a = cfg.assumptions(&bare, handshake, Some(sharing(0.25)));
+        assert_eq!((a.queueing_us, a.rtt_us), (Some(20_000.0), 95_000.0));
+        // Its slow start met the queue the link measured in its first bins
+        // (until its first recovery), the replay's round trip when none did.
+        let mut early = measured;
+        early.early_queueing_ns[..2].copy_from_slice(&[Some(10e6), Some(30e6)]);
+        let a = cfg.assumptions(&bare, handshake, Some(early));
+        assert_eq!(a.slow_start_rtt_us(0.05), 80_000.0 + 0.75 * 10_000.0);
+        assert_eq!(a.slow_start_rtt_us(0.15), 80_000.0 + 0.75 * 20_000.0);
+        let a = cfg.assumptions(&bare, handshake, Some(measured));
+        assert_eq!(a.slow_start_rtt_us(0.15), a.rtt_us);
         // Alone on the link, the queue was its own: the simulation builds it.
         let a = cfg.assumptions(&log, handshake, None);
         assert_eq!(a.rtt_us, 80_000.0);

@@ -74,6 +74,8 @@ pub struct PolicyOutcome {
     pub loss_probes: u64,
     /// Window reductions (recoveries not undone) per data segment.
     pub loss_event_rate: f64,
+    /// The round trip its slow start crossed ([`Assumptions::slow_start_rtt_us`]).
+    pub slow_start_rtt_us: f64,
     /// CUBIC (β 0.7, C 0.4) over the flow's own transfer: slow start
     /// from 10 segments, a reduction at each recovery not undone where the
     /// trace put it, capped by the bottleneck and its queue.
@@ -97,8 +99,10 @@ impl PolicyOutcome {
         self.mathis_bps += o.mathis_bps;
         self.padhye_bps += o.padhye_bps;
         self.cubic_response_bps += o.cubic_response_bps;
-        // A rate does not add; the sum's is not meaningful per flow.
+        // A rate or a round trip does not add; the sum's is not
+        // meaningful per flow.
         self.loss_event_rate = 0.0;
+        self.slow_start_rtt_us = 0.0;
     }
 }
 
@@ -434,8 +438,12 @@ impl Policy {
     }
 
     fn outcome(&self, r: Recovery, probes: u64, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
+        // Slow start ends at the first recovery.
+        let slow_start_rtt_us =
+            a.slow_start_rtt_us(r.starts.first().copied().unwrap_or(a.duration_s));
         let path = Path {
             rtt_s: a.rtt_us / 1e6,
+            slow_start_rtt_s: slow_start_rtt_us / 1e6,
             mss_bytes: f64::from(a.mss_bytes.max(1)),
             bottleneck_bps: a.bottleneck_bps,
             queue_bdp: a.queue_bdp,
@@ -462,6 +470,7 @@ impl Policy {
             undone_recovery_episodes: r.undone,
             loss_probes: probes,
             loss_event_rate: p,
+            slow_start_rtt_us,
             estimated_goodput_bps: sim(Congestion::Cubic),
             reno_goodput_bps: sim(Congestion::Reno),
             mathis_bps: throughput::mathis_bps(&path, p),

@@ -14,15 +14,17 @@
 //! (1 ms ticks of CLOCK_MONOTONIC, plus a per-connection offset): arrival
 //! minus echo is a round trip plus a constant, and its excess over its
 //! minimum is the queueing (Linux's receiver measures its RTT so,
-//! `tcp_rcv_rtt_measure_ts`). Without timestamps (a classic sender), each
-//! fast retransmission tells a round trip: the first segment above a hole
-//! had the receiver send a duplicate ACK, and the retransmission the third
-//! one triggered arrived a round trip (and two segments) later; the
-//! median, less the handshake's round trip, is the queueing (one later
-//! than Linux's minimum RTO, 200 ms, past the handshake's may have waited
-//! for its timer: not counted). Failing both, the flow met the queue the
-//! flows with timestamps measured in the link's bins it had data in (the
-//! same FIFO, if they shared it: [`super::share`]).
+//! `tcp_rcv_rtt_measure_ts`). Without timestamps (a classic sender), the
+//! flow met the queue the flows with timestamps measured in the link's
+//! bins it had data in (the same FIFO, if they shared it:
+//! [`super::share`]). Failing both, each fast retransmission tells a round
+//! trip: the first segment above a hole had the receiver send a duplicate
+//! ACK, and the retransmission the third one triggered arrived a round
+//! trip (and two segments) later; the median, less the handshake's round
+//! trip, is the queueing (one later than Linux's minimum RTO, 200 ms, past
+//! the handshake's may have waited for its timer: not counted). Few and
+//! biased (a loss at a drop-tail queue comes when it is full; a sender's
+//! retransmission may answer an earlier hole's ACKs), they come last.
 
 /// Echoes must span this long (arrival time) before they count, and their
 /// ticks must advance at 1 ms per ms over it (a clock of another unit, such
@@ -117,12 +119,15 @@ impl Queueing {
         (self.retransmit_rtts.capacity() * size_of::<u32>()) as u64
     }
 
-    /// The mean queueing delay, ns, if the echoes tell it, else the median
-    /// fast retransmission's past `base_rtt_ns` (the handshake's).
-    pub fn delay_ns(&self, base_rtt_ns: u64) -> Option<f64> {
-        if let Some(e) = self.echoes.filter(Echoes::readable) {
-            return Some((e.sum / e.count as f64 - e.min as f64 - TICK_BIAS_NS).max(0.0));
-        }
+    /// The mean queueing delay, ns, if the echoes tell it.
+    pub fn echoed_ns(&self) -> Option<f64> {
+        let e = self.echoes.filter(Echoes::readable)?;
+        Some((e.sum / e.count as f64 - e.min as f64 - TICK_BIAS_NS).max(0.0))
+    }
+
+    /// The median fast retransmission's round trip past `base_rtt_ns`
+    /// (the handshake's), ns.
+    pub fn retransmitted_ns(&self, base_rtt_ns: u64) -> Option<f64> {
         let mut fast: Vec<u64> = self
             .retransmit_rtts
             .iter()
@@ -167,10 +172,10 @@ mod tests {
         // 80 ms empty, then 50 ms of queue for the second half: 25 ms mean
         // (the TSval clock wrapping on the way).
         let q = echoed(|n| if n < 1000 { 80 } else { 130 }, u32::MAX - 300);
-        assert!(near(q.delay_ns(80 * MS).unwrap(), 25.0, 0.1), "{q:?}");
+        assert!(near(q.echoed_ns().unwrap(), 25.0, 0.1), "{q:?}");
         // An empty path: no queue (the tick's rounding is not one).
         let q = echoed(|_| 80, 7);
-        assert!(near(q.delay_ns(80 * MS).unwrap(), 0.0, 0.1), "{q:?}");
+        assert!(near(q.echoed_ns().unwrap(), 0.0, 0.1), "{q:?}");
     }
 
     #[test]
@@ -192,28 +197,29 @@ mod tests {
             // Microsecond ticks.
             q.echo(90 * MS + t * MS, Some(1 + (t * 1000) as u32));
         }
-        assert_eq!(q.delay_ns(80 * MS), None);
+        assert_eq!(q.echoed_ns(), None);
         // Echoes over less than 100 ms are too few to tell.
         let mut q = Queueing::default();
         for t in 0..50u64 {
             assert_eq!(q.echo(90 * MS + t * MS, Some(1 + t as u32)), None);
         }
-        assert_eq!(q.delay_ns(80 * MS), None);
+        assert_eq!(q.echoed_ns(), None);
     }
 
     #[test]
     fn without_echoes_the_median_fast_retransmission_tells() {
         let mut q = Queueing::default();
-        assert_eq!(q.delay_ns(80 * MS), None);
+        assert_eq!(q.retransmitted_ns(80 * MS), None);
         // Fast retransmissions after 120-135 ms; two waited for the timer.
         for ms in [120, 130, 400, 125, 135, 290] {
             q.retransmission(ms * MS);
         }
-        assert_eq!(q.delay_ns(80 * MS), Some(50e6));
+        assert_eq!(q.retransmitted_ns(80 * MS), Some(50e6));
+        assert_eq!(q.echoed_ns(), None);
         assert!(q.held_bytes() >= 6 * 4);
         // Only timeouts: nothing told.
         let mut q = Queueing::default();
         q.retransmission(300 * MS);
-        assert_eq!(q.delay_ns(80 * MS), None);
+        assert_eq!(q.retransmitted_ns(80 * MS), None);
     }
 }

@@ -10,13 +10,19 @@
 //!
 //! The link's bins also keep the queueing the flows with timestamps
 //! measured ([`super::queueing`]): a flow without timestamps met the same
-//! queue in the bins it shared with them.
+//! queue in the bins it shared with them. A flow's first bins keep theirs
+//! apart: its slow start crossed the path as it was then (flows that start
+//! together fill an empty queue; one that joins meets a standing one).
 
 use super::RATE_BIN_NS;
 
 /// Bins the link remembers: a flow that paused longer than this
 /// (6.4 s) finds its last bin forgotten, and that bin does not count.
 const RING: usize = 64;
+
+/// A flow's first bins (1 s), whose queueing each is kept: its slow
+/// start's.
+pub const EARLY_BINS: usize = 10;
 
 /// One [`RATE_BIN_NS`] bin of the link: every flow's payload bytes, and
 /// the queueing its segments with timestamps met (ns: sum, count).
@@ -97,6 +103,7 @@ impl Link {
             flows: 1.0 / fair,
             queueing_ns: (s.queued_bytes > 0)
                 .then(|| (s.queued_ns / s.queued_bytes as f64).max(0.0)),
+            early_queueing_ns: s.early,
         }
     }
 }
@@ -122,6 +129,10 @@ pub struct Share {
     /// queueing was measured, and those own bytes.
     queued_ns: f64,
     queued_bytes: u64,
+    /// The flow's first bin, and the mean queueing measured in each of its
+    /// first [`EARLY_BINS`].
+    first_bin: Option<u64>,
+    early: [Option<f32>; EARLY_BINS],
 }
 
 impl Share {
@@ -129,6 +140,7 @@ impl Share {
     /// `queued_ns` of queueing, if its timestamps told).
     pub fn arrival(&mut self, link: &mut Link, ts_ns: u64, payload: u32, queued_ns: Option<f64>) {
         let index = ts_ns / RATE_BIN_NS;
+        self.first_bin.get_or_insert(index);
         let new_bin = self.own == 0 || index > self.bin;
         if new_bin {
             if let Some(b) = link.closed(self.bin).filter(|_| self.own > 0) {
@@ -152,8 +164,13 @@ impl Share {
         self.others_bytes += b.bytes - own;
         self.fair_bytes += b.bytes as f64 / f64::from(b.flows.max(1));
         if b.queued > 0 {
-            self.queued_ns += own as f64 * b.queued_ns / f64::from(b.queued);
+            let mean = b.queued_ns / f64::from(b.queued);
+            self.queued_ns += own as f64 * mean;
             self.queued_bytes += own;
+            let early = b.index.checked_sub(self.first_bin.unwrap_or(b.index));
+            if let Some(e) = early.and_then(|i| self.early.get_mut(i as usize)) {
+                *e = Some(mean as f32);
+            }
         }
     }
 }
@@ -171,9 +188,26 @@ pub struct Sharing {
     /// the flow had data in, weighted by its bytes there (none measured:
     /// `None`).
     pub queueing_ns: Option<f64>,
+    /// The link's mean queueing in each of the flow's first
+    /// [`EARLY_BINS`] bins, where measured.
+    #[serde(skip)]
+    pub early_queueing_ns: [Option<f32>; EARLY_BINS],
 }
 
 impl Sharing {
+    /// The mean queueing measured in the flow's bins up to `until_s` from
+    /// its first (at least its first bin; at most its first
+    /// [`EARLY_BINS`]).
+    pub fn early_queueing_ns(&self, until_s: f64) -> Option<f64> {
+        let bins = ((until_s * 1e9) as u64 / RATE_BIN_NS + 1).min(EARLY_BINS as u64);
+        let measured: Vec<f64> = self.early_queueing_ns[..bins as usize]
+            .iter()
+            .flatten()
+            .map(|&q| f64::from(q))
+            .collect();
+        (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
+    }
+
     /// The flow's bottleneck on a link of `link_bps`: what the others
     /// left it, or its fair share if that is more.
     pub fn bottleneck_bps(&self, link_bps: f64) -> f64 {
@@ -277,6 +311,11 @@ mod tests {
             link.sharing(&s[1]).queueing_ns.unwrap(),
             (10.0 + 2.0 * 50.0) / 3.0 * MS as f64,
         );
+        // Its first bins keep theirs: a slow start over its first 300 ms
+        // met 10 ms, one over the first second the mean of its bins.
+        let early = link.sharing(&s[1]);
+        close(early.early_queueing_ns(0.25).unwrap(), 10.0 * MS as f64);
+        close(early.early_queueing_ns(5.0).unwrap(), 30.0 * MS as f64);
         // Nobody measured: nothing to take.
         let (mut link, mut s) = (Link::default(), [Share::default()]);
         feed(&mut link, &mut s, &[1_000], 500);

@@ -13,6 +13,9 @@ pub const CUBIC_C: f64 = 0.4;
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Path {
     pub rtt_s: f64,
+    /// The round trip while the window grows from its initial one (the
+    /// queue then is not yet the run's).
+    pub slow_start_rtt_s: f64,
     pub mss_bytes: f64,
     /// Bottleneck rate: the window never delivers more.
     pub bottleneck_bps: f64,
@@ -33,8 +36,8 @@ impl Path {
         (self.bdp_segments() * (1.0 + self.queue_bdp)).max(1.0)
     }
 
-    fn rate(&self, window: f64) -> f64 {
-        (window * self.mss_bytes * 8.0 / self.rtt_s).min(self.bottleneck_bps)
+    fn rate(&self, window: f64, rtt_s: f64) -> f64 {
+        (window * self.mss_bytes * 8.0 / rtt_s).min(self.bottleneck_bps)
     }
 }
 
@@ -97,8 +100,13 @@ pub fn simulate(
     let mut next = episodes.iter().copied().peekable();
     let (mut t, mut delivered_bits, mut since_loss) = (0.0f64, 0.0f64, 0.0f64);
     while t < duration_s {
-        let step = rtt.min(duration_s - t);
-        let bits = path.rate(w) * step;
+        let round = if slow_start {
+            path.slow_start_rtt_s
+        } else {
+            rtt
+        };
+        let step = round.min(duration_s - t);
+        let bits = path.rate(w, round) * step;
         delivered_bits += bits;
         since_loss += bits / (8.0 * path.mss_bytes);
         t += step;
@@ -168,7 +176,7 @@ pub fn mathis_bps(path: &Path, p: f64) -> f64 {
     if p <= 0.0 {
         return path.bottleneck_bps;
     }
-    path.rate((1.5f64).sqrt() / p.sqrt())
+    path.rate((1.5f64).sqrt() / p.sqrt(), path.rtt_s)
 }
 
 /// Padhye et al. (PFTK), with delayed ACKs (b = 2) and a 200 ms RTO.
@@ -193,7 +201,7 @@ pub fn cubic_response_bps(path: &Path, p: f64) -> f64 {
     if p <= 0.0 {
         return path.bottleneck_bps;
     }
-    path.rate(cubic_window(p, path.rtt_s))
+    path.rate(cubic_window(p, path.rtt_s), path.rtt_s)
 }
 
 /// The loss-event rate at which CUBIC's average window fills `path`.
@@ -242,6 +250,7 @@ mod tests {
         // loss rate below 0.000003%".
         let path = Path {
             rtt_s: 0.1,
+            slow_start_rtt_s: 0.1,
             mss_bytes: 1448.0,
             bottleneck_bps: 10e9,
             queue_bdp: 0.0,
@@ -254,6 +263,7 @@ mod tests {
     fn closed_forms_agree_with_the_simulation_at_a_steady_loss_rate() {
         let path = Path {
             rtt_s: 0.1,
+            slow_start_rtt_s: 0.1,
             mss_bytes: 1448.0,
             bottleneck_bps: 100e9,
             queue_bdp: 0.0,
@@ -296,6 +306,7 @@ mod tests {
     fn eighty(queue_bdp: f64) -> Path {
         Path {
             rtt_s: 0.1,
+            slow_start_rtt_s: 0.1,
             mss_bytes: 1448.0,
             bottleneck_bps: 80.0 * 1448.0 * 8.0 / 0.1,
             queue_bdp,
@@ -338,6 +349,7 @@ mod tests {
     fn no_episodes_fill_the_bottleneck() {
         let path = Path {
             rtt_s: 0.01,
+            slow_start_rtt_s: 0.01,
             mss_bytes: 1448.0,
             bottleneck_bps: 1e9,
             queue_bdp: 0.0,
