@@ -565,8 +565,8 @@ pub struct Assumptions {
     pub rtt_from: Source,
     pub min_rtt_us: f64,
     /// The mean queueing delay the flow's data met, when measured from
-    /// the trace (its echoed timestamps, else its fast retransmissions,
-    /// else the echoes of the flows that shared the link with it).
+    /// the trace (its echoed timestamps, else the echoes of the flows that
+    /// shared the link with it, else its fast retransmissions).
     pub queueing_us: Option<f64>,
     /// How long after an arrival its ACK reached the sender's TCP (when
     /// measured: the median; the replay then uses each ACK's own).

@@ -200,12 +200,11 @@ impl Sharing {
     /// [`EARLY_BINS`]).
     pub fn early_queueing_ns(&self, until_s: f64) -> Option<f64> {
         let bins = ((until_s * 1e9) as u64 / RATE_BIN_NS + 1).min(EARLY_BINS as u64);
-        let measured: Vec<f64> = self.early_queueing_ns[..bins as usize]
+        let (sum, n) = self.early_queueing_ns[..bins as usize]
             .iter()
             .flatten()
-            .map(|&q| f64::from(q))
-            .collect();
-        (!measured.is_empty()).then(|| measured.iter().sum::<f64>() / measured.len() as f64)
+            .fold((0.0, 0u32), |(sum, n), &q| (sum + f64::from(q), n + 1));
+        (n > 0).then(|| sum / f64::from(n))
     }
 
     /// The flow's bottleneck on a link of `link_bps`: what the others

@@ -328,6 +328,25 @@ mod tests {
     }
 
     #[test]
+    fn a_slow_start_over_an_empty_path_doubles_at_its_round_trip() {
+        // Half the round trip while the window grows: 10, 20, 40 in
+        // 150 ms, then 80 at 100 ms for the 850 ms left.
+        let path = Path {
+            slow_start_rtt_s: 0.05,
+            ..eighty(0.0)
+        };
+        let r = simulate(
+            Congestion::Cubic,
+            &path,
+            Reductions::At(&[]),
+            Start::SlowStart(10.0),
+            1.0,
+        );
+        let want = (10.0 + 20.0 + 40.0 + 8.5 * 80.0) * 1448.0 * 8.0;
+        assert!((r - want).abs() < 1.0, "{r} vs {want}");
+    }
+
+    #[test]
     fn a_queue_of_one_bdp_keeps_the_link_full_through_a_reduction() {
         // From a full queue (2 BDP), 0.7 of it is still more than the link
         // holds; without a queue the window falls below it and regrows.
