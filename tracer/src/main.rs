@@ -70,9 +70,6 @@ struct LabSendArgs {
     bytes: u64,
     #[arg(long)]
     seconds: f64,
-    /// Bytes per second per flow.
-    #[arg(long)]
-    pacing: Option<u64>,
     /// Stop sending once this file exists.
     #[arg(long)]
     stop_file: PathBuf,
@@ -363,9 +360,10 @@ struct LabArgs {
     /// Watch it in the live view (as `tracer live`), then the report.
     #[arg(long)]
     live: bool,
-    /// Pace each sender to at most MBIT Mbit/s (0: unpaced). Default:
-    /// 200 in pattern mode, whose userspace reorderer keeps exact order only
-    /// at moderate rates; unpaced otherwise.
+    /// Pace each host sender's flows to at most MBIT Mbit/s (0: unpaced).
+    /// Default: 200 in pattern mode, whose userspace reorderer keeps exact
+    /// order only at moderate rates; unpaced otherwise. Guest senders are
+    /// never paced (their kernel's pacing timer can stall a flow).
     #[arg(long, value_name = "MBIT")]
     pace: Option<f64>,
     /// Write the ground truth (every segment leaving the edge: its queue,
@@ -464,7 +462,6 @@ fn main() -> ExitCode {
             flows: a.flows,
             bytes: a.bytes,
             timeout: Duration::from_secs_f64(a.seconds),
-            pacing: a.pacing,
             stop_file: a.stop_file,
             sysctls: a.sysctl,
         })
@@ -1049,6 +1046,13 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
         ))
         .into());
     }
+    let host_senders = args.sender.iter().any(|s| !s.in_guest());
+    if args.pace.is_some_and(|p| p > 0.0) && !host_senders {
+        return Err(SetupError::BadArgument(format!(
+            "--pace {pace}: guest senders are never paced (their kernel's pacing timer can stall a flow); add a host sender (--sender host) or leave --pace out"
+        ))
+        .into());
+    }
     let mut engine = args.trace.report.engine()?;
     tracer::require_root()?;
     let mut out = Outputs::open(&args.trace)?;
@@ -1102,8 +1106,8 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             .collect::<Vec<_>>()
             .join(", "),
         if args.ipv6 { "IPv6" } else { "IPv4" },
-        if pace > 0.0 {
-            format!(", paced to {pace} Mbit/s per flow")
+        if pace > 0.0 && host_senders {
+            format!(", host flows paced to {pace} Mbit/s each")
         } else {
             String::new()
         },

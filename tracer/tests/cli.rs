@@ -89,6 +89,10 @@ fn bad_input_gets_one_line_and_exit_2() {
         ),
         (&["lab", "--repoints", "0"], "--repoints 0"),
         (
+            &["lab", "--sender", "classic", "--pace", "100"],
+            "--pace 100: guest senders are never paced",
+        ),
+        (
             &["lab", "--queue-bdp", "500"],
             "--queue-bdp 500: give 0 to 100",
         ),

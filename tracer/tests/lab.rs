@@ -1100,7 +1100,8 @@ fn guest_senders_of_each_policy_run_their_policy_side_by_side() {
 /// upload), long after the classic sender retransmitted it at three
 /// duplicate ACKs: the original reaches the receiver as a duplicate. It
 /// must count duplicates, send no DSACK for them, and the sender undo
-/// nothing.
+/// nothing. (The guest is unpaced, as every guest: paced, its kernel
+/// once stalled the flow with data queued and nothing in flight.)
 #[test]
 fn without_dsacks_the_classic_guest_undoes_nothing() {
     if !root_or_skip("without_dsacks_the_classic_guest_undoes_nothing") {
@@ -1143,7 +1144,12 @@ fn without_dsacks_the_classic_guest_undoes_nothing() {
         assert_eq!(u(&counters[undo]), 0, "{undo}: {counters}");
     }
     for (_, _, s) in flows(&r) {
-        assert_eq!(u(&s["received"]), u(&s["sent"]), "{s}");
+        assert_eq!(
+            u(&s["received"]),
+            u(&s["sent"]),
+            "{s}; the guest's counters: {counters}; the edge: {}",
+            lab["edge"]["counters"]
+        );
     }
     assert_clean();
 }

@@ -454,7 +454,8 @@ pub struct LabSpec {
     pub ipv6: bool,
     /// Hard bound on the upload.
     pub timeout: std::time::Duration,
-    /// Per-flow sender pacing, bytes per second (None: unpaced).
+    /// Per-flow pacing of the host's senders, bytes per second (None:
+    /// unpaced). Guests are never paced (see [`guest`]).
     pub pacing: Option<u64>,
     /// Whether the client's TCP may send multi-segment (GSO) skbs. Linux
     /// stamps all segments of one skb with one transmit time, so RACK

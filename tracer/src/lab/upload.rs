@@ -30,7 +30,8 @@ pub struct UploadSpec {
     pub ipv6: bool,
     /// Hard bound on the whole upload.
     pub timeout: Duration,
-    /// Per-flow pacing, bytes per second (None: as fast as TCP goes).
+    /// Per-flow pacing of the host's senders, bytes per second (None: as
+    /// fast as TCP goes). Guests are never paced (see [`super::guest`]).
     pub pacing: Option<u64>,
     /// Sysctls every guest sender sets as well as its policy's (the
     /// lab sets the host's namespaces itself).
@@ -453,7 +454,6 @@ pub fn send_here(
     to: SocketAddr,
     flows: usize,
     bytes: u64,
-    pacing: Option<u64>,
     deadline: Instant,
     enough: Arc<AtomicBool>,
 ) -> Vec<Result<Sent>> {
@@ -461,7 +461,7 @@ pub fn send_here(
     let threads: Vec<_> = (0..flows)
         .map(|_| {
             let (stop, enough) = (stop.clone(), enough.clone());
-            std::thread::spawn(move || send(None, to, bytes, pacing, deadline, &stop, &enough))
+            std::thread::spawn(move || send(None, to, bytes, None, deadline, &stop, &enough))
         })
         .collect();
     threads
