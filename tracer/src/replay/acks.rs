@@ -66,7 +66,7 @@ use std::{
     collections::{BTreeMap, BinaryHeap, HashMap},
 };
 
-use super::{AckLog, Assumptions, Source, TcpArrival, TickMark};
+use super::{AckLog, Assumptions, Source, TcpArrival, TickMark, RTO_MIN_NS};
 
 /// What the ACK-level replay found for one flow.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -83,8 +83,6 @@ pub struct AckReplay {
 const TIMER_MIN_NS: u64 = 2_000_000;
 /// Linux's TCP timestamp clock.
 const TS_TICK_NS: f64 = 1e6;
-/// Linux's minimum retransmission timeout (`TCP_RTO_MIN`).
-const RTO_MIN_NS: u64 = 200_000_000;
 /// Most segments one hole is tracked for.
 const MAX_HOLE_SEGMENTS: u64 = 1 << 14;
 const RECOVERY_THRESH: u32 = 16;

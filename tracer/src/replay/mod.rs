@@ -151,6 +151,9 @@ pub struct WireCopy {
 /// retransmissions then looked like originals to the replay.
 const MAX_LATE_COPIES: usize = 8192;
 
+/// Linux's minimum retransmission timeout (`TCP_RTO_MIN`).
+pub const RTO_MIN_NS: u64 = 200_000_000;
+
 /// A hole that a retransmission filled.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Refill {

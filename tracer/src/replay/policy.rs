@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use super::{
     acks,
-    throughput::{self, Congestion, Path, Reductions, Start},
-    Assumptions, FlowLog, LateOriginal, TcpArrival,
+    throughput::{self, Congestion, Path, Reductions, Start, Timeouts},
+    Assumptions, FlowLog, LateOriginal, TcpArrival, RTO_MIN_NS,
 };
 
 /// A sender's loss detection, with its parameters.
@@ -76,6 +76,10 @@ pub struct PolicyOutcome {
     pub loss_event_rate: f64,
     /// The round trip its slow start crossed ([`Assumptions::slow_start_rtt_us`]).
     pub slow_start_rtt_us: f64,
+    /// Retransmission timeouts: RFC 6675 finds a lost retransmission by
+    /// its timer alone ([`retransmission_timeouts`]); RACK-TLP by a later
+    /// delivery, within round trips (none).
+    pub retransmission_timeouts: u64,
     /// CUBIC (β 0.7, C 0.4) over the flow's own transfer: slow start
     /// from 10 segments, a reduction at each recovery not undone where the
     /// trace put it, capped by the bottleneck and its queue.
@@ -94,6 +98,7 @@ impl PolicyOutcome {
         self.spurious_recovery_episodes += o.spurious_recovery_episodes;
         self.undone_recovery_episodes += o.undone_recovery_episodes;
         self.loss_probes += o.loss_probes;
+        self.retransmission_timeouts += o.retransmission_timeouts;
         self.estimated_goodput_bps += o.estimated_goodput_bps;
         self.reno_goodput_bps += o.reno_goodput_bps;
         self.mathis_bps += o.mathis_bps;
@@ -326,6 +331,33 @@ fn events(log: &FlowLog) -> Vec<Event<'_>> {
     ev
 }
 
+/// When (seconds from the flow's start) a sender that finds a lost
+/// retransmission by its timer alone would have timed out: one round trip
+/// after each hole the trace shows refilled a timeout's worth after it
+/// opened (the minimum RTO past a round trip: its sender's first
+/// retransmission was lost too, whatever found it again). Holes refilled
+/// within one timeout of another share it.
+fn retransmission_timeouts(log: &FlowLog, rtt_ns: u64, rto_s: f64) -> Vec<f64> {
+    let originals: HashSet<u64> = log.late.iter().map(|l| l.start).collect();
+    let mut lost: Vec<f64> = log
+        .refills
+        .iter()
+        .filter(|r| {
+            !originals.contains(&r.start)
+                && r.filled_ns.saturating_sub(r.opened_ns) >= RTO_MIN_NS + rtt_ns
+        })
+        .map(|r| (r.opened_ns + rtt_ns) as f64 / 1e9)
+        .collect();
+    lost.sort_by(f64::total_cmp);
+    let mut at: Vec<f64> = Vec::new();
+    for t in lost {
+        if at.last().is_none_or(|&last| t >= last + rto_s) {
+            at.push(t);
+        }
+    }
+    at
+}
+
 /// A sender's initial window, segments (RFC 6928; Linux and Windows).
 const INITIAL_WINDOW: f64 = 10.0;
 
@@ -449,6 +481,15 @@ impl Policy {
             queue_bdp: a.queue_bdp,
         };
         let p = (r.episodes - r.undone) as f64 / log.data_segments.max(1) as f64;
+        let rto_s = RTO_MIN_NS as f64 / 1e9 + path.rtt_s;
+        let timeout_at = match self {
+            Policy::RackTlp { .. } => Vec::new(),
+            _ => retransmission_timeouts(log, (a.rtt_us * 1000.0) as u64, rto_s),
+        };
+        let timeouts = Timeouts {
+            at: &timeout_at,
+            rto_s,
+        };
         // The transfer itself: slow start, then the trace's recoveries
         // where the policy had them, over the flow's own time (what its
         // real sender achieved is measured over the same).
@@ -457,6 +498,7 @@ impl Policy {
                 c,
                 &path,
                 Reductions::At(&r.starts),
+                timeouts,
                 Start::SlowStart(INITIAL_WINDOW),
                 a.duration_s,
             )
@@ -471,6 +513,7 @@ impl Policy {
             loss_probes: probes,
             loss_event_rate: p,
             slow_start_rtt_us,
+            retransmission_timeouts: timeout_at.len() as u64,
             estimated_goodput_bps: sim(Congestion::Cubic),
             reno_goodput_bps: sim(Congestion::Reno),
             mathis_bps: throughput::mathis_bps(&path, p),
@@ -604,7 +647,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::{replay, AckLog, ReplayConfig, TraceRtt};
+    use crate::replay::{replay, AckLog, Refill, ReplayConfig, TraceRtt};
 
     const MSS: u32 = 1000;
 
@@ -676,6 +719,37 @@ mod tests {
             assert_eq!(g, r.policies[0].estimated_goodput_bps);
         }
         assert_eq!(r.rack_vs_classic, Some(1.0));
+    }
+
+    #[test]
+    fn a_hole_refilled_past_a_timeout_costs_the_threshold_policies_one() {
+        // 1 s of data; holes at 300 and 310 ms refilled 250 ms later (the
+        // first retransmissions lost: one timer finds both), one at 700 ms
+        // refilled after 3 ms (its first retransmission arrived).
+        let mut log = clean(100_000);
+        let first = log.first_ns.unwrap();
+        for (opened_ms, after_ms) in [(300, 250), (310, 250), (700, 3)] {
+            log.refill(Refill {
+                opened_ns: first + opened_ms * 1_000_000,
+                filled_ns: first + (opened_ms + after_ms) * 1_000_000,
+                start: opened_ms,
+            });
+        }
+        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
+        let of = |name: &str| r.policies.iter().find(|p| p.name == name).unwrap();
+        for name in ["classic", "linux-adaptive"] {
+            assert_eq!(of(name).retransmission_timeouts, 1, "{name}");
+        }
+        assert_eq!(of("rack-tlp").retransmission_timeouts, 0);
+        // Its 201 ms idle: a fifth of the second.
+        let (classic, rack) = (
+            of("classic").estimated_goodput_bps,
+            of("rack-tlp").estimated_goodput_bps,
+        );
+        assert!(
+            (0.75..0.81).contains(&(classic / rack)),
+            "{classic} vs {rack}"
+        );
     }
 
     #[test]

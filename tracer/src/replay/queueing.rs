@@ -26,6 +26,8 @@
 //! biased (a loss at a drop-tail queue comes when it is full; a sender's
 //! retransmission may answer an earlier hole's ACKs), they come last.
 
+use super::RTO_MIN_NS;
+
 /// Echoes must span this long (arrival time) before they count, and their
 /// ticks must advance at 1 ms per ms over it (a clock of another unit, such
 /// as a connection's microsecond timestamps, is not read).
@@ -33,9 +35,6 @@ const MIN_ECHO_SPAN_NS: u64 = 100_000_000;
 const TICK_NS: i64 = 1_000_000;
 /// Fast retransmissions' round trips kept (the first ones).
 const MAX_RETRANSMIT_RTTS: usize = 1024;
-/// A retransmission this long past the handshake's round trip may have
-/// waited for its timer (Linux's minimum RTO).
-const RTO_MIN_NS: u64 = 200_000_000;
 
 /// What a flow's echoed timestamps and retransmissions say of the queue
 /// its data met.

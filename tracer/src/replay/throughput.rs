@@ -68,8 +68,25 @@ pub enum Reductions<'a> {
     EverySegments(f64),
 }
 
-/// Average goodput over `duration_s` of a window that starts as `start`
-/// and reduces at each of `reductions`. Multiplicative decrease β (CUBIC
+/// Retransmission timeouts: at each of `at` (seconds from the start,
+/// ascending) the sender sends nothing for `rto_s`, then slow-starts from
+/// one segment to the window it had (the recovery's ssthresh: Linux keeps
+/// it when the timer fires in recovery).
+#[derive(Clone, Copy, Debug)]
+pub struct Timeouts<'a> {
+    pub at: &'a [f64],
+    pub rto_s: f64,
+}
+
+impl Timeouts<'_> {
+    pub const NONE: Timeouts<'static> = Timeouts {
+        at: &[],
+        rto_s: 0.0,
+    };
+}
+
+/// Average goodput over `duration_s` of a window that starts as `start`,
+/// reduces at each of `reductions` and restarts after each of `timeouts`. Multiplicative decrease β (CUBIC
 /// 0.7, Reno 0.5); growth per RFC 8312 §4.1 (with its TCP-friendly
 /// region) or one segment per RTT; never past what the path holds (its
 /// losses there are the trace's reductions, or the formulas').
@@ -77,6 +94,7 @@ pub fn simulate(
     c: Congestion,
     path: &Path,
     reductions: Reductions<'_>,
+    timeouts: Timeouts<'_>,
     start: Start,
     duration_s: f64,
 ) -> f64 {
@@ -90,6 +108,10 @@ pub fn simulate(
         Start::SlowStart(w) => (w, true),
     };
     let mut w = start_window.clamp(1.0, cap);
+    // Where slow start ends: the path's hold, or after a timeout the
+    // window the timer found.
+    let mut ssthresh = cap;
+    let mut timeouts_due = timeouts.at.iter().copied().peekable();
     // CUBIC epoch state: the last maximum, when the epoch began, the
     // window then, and the TCP-friendly estimate.
     let (mut w_max, mut epoch_start, mut w_epoch, mut w_est) = (w, 0.0f64, w, w);
@@ -100,7 +122,22 @@ pub fn simulate(
     let mut next = episodes.iter().copied().peekable();
     let (mut t, mut delivered_bits, mut since_loss) = (0.0f64, 0.0f64, 0.0f64);
     while t < duration_s {
-        let round = if slow_start {
+        if timeouts_due.peek().is_some_and(|&at| at <= t) {
+            while timeouts_due.peek().is_some_and(|&at| at <= t) {
+                timeouts_due.next();
+            }
+            t += timeouts.rto_s;
+            // Recoveries that began while it waited are the timeout's.
+            while next.peek().is_some_and(|&e| e <= t) {
+                next.next();
+            }
+            ssthresh = w.max(2.0);
+            w = 1.0;
+            slow_start = true;
+            continue;
+        }
+        // The first slow start crosses an emptier path than the rest.
+        let round = if slow_start && ssthresh >= cap {
             path.slow_start_rtt_s
         } else {
             rtt
@@ -124,6 +161,7 @@ pub fn simulate(
         }
         if due {
             slow_start = false;
+            ssthresh = cap;
             match c {
                 Congestion::Reno => w = (w * 0.5).max(2.0),
                 Congestion::Cubic => {
@@ -142,9 +180,16 @@ pub fn simulate(
             continue;
         }
         if slow_start {
-            w = (w * 2.0).min(cap);
-            (w_max, w_est) = (w, w);
-            slow_start = w < cap;
+            w = (w * 2.0).min(ssthresh);
+            slow_start = w < ssthresh;
+            if ssthresh >= cap {
+                (w_max, w_est) = (w, w);
+            } else if !slow_start {
+                // Back at the window the timer found: CUBIC's epoch
+                // starts again there, its maximum kept.
+                (epoch_start, w_epoch, w_est) = (t, w, w);
+                ssthresh = cap;
+            }
             continue;
         }
         match c {
@@ -245,6 +290,39 @@ mod tests {
     }
 
     #[test]
+    fn a_timeout_idles_its_rto_then_slow_starts_back_to_its_window() {
+        // A full 1 ms path: 200 ms of nothing in a second, then 1, 2, 4,
+        // ... back to the window the timer found, within a few round trips.
+        let path = Path {
+            rtt_s: 0.001,
+            slow_start_rtt_s: 0.001,
+            mss_bytes: 1250.0,
+            bottleneck_bps: 100e6,
+            queue_bdp: 1.0,
+        };
+        let full = path.max_window();
+        let run = |timeouts| {
+            simulate(
+                Congestion::Cubic,
+                &path,
+                Reductions::At(&[]),
+                timeouts,
+                Start::Window(full),
+                1.0,
+            )
+        };
+        let timeouts = Timeouts {
+            at: &[0.5],
+            rto_s: 0.2,
+        };
+        let (with, without) = (run(timeouts), run(Timeouts::NONE));
+        assert!((without / 100e6 - 1.0).abs() < 1e-9, "{without}");
+        let lost = 1.0 - with / without;
+        // The 200 ms, and under 5 ms of regrowth (20 segments: 5 doublings).
+        assert!((0.2..0.205).contains(&lost), "{lost}");
+    }
+
+    #[test]
     fn ten_gigabit_over_100_ms_needs_a_loss_rate_near_3e_8() {
         // The seed: "reaching 10 Gbps over a 100 ms RTT requires a packet
         // loss rate below 0.000003%".
@@ -277,6 +355,7 @@ mod tests {
                 Congestion::Cubic,
                 &path,
                 every,
+                Timeouts::NONE,
                 Start::Window(start),
                 3000.0,
             );
@@ -289,6 +368,7 @@ mod tests {
                 Congestion::Reno,
                 &path,
                 every,
+                Timeouts::NONE,
                 Start::Window(reno_window(p)),
                 3000.0,
             );
@@ -320,6 +400,7 @@ mod tests {
             Congestion::Cubic,
             &eighty(0.0),
             Reductions::At(&[]),
+            Timeouts::NONE,
             Start::SlowStart(10.0),
             1.0,
         );
@@ -339,6 +420,7 @@ mod tests {
             Congestion::Cubic,
             &path,
             Reductions::At(&[]),
+            Timeouts::NONE,
             Start::SlowStart(10.0),
             1.0,
         );
@@ -355,6 +437,7 @@ mod tests {
                 Congestion::Cubic,
                 &eighty(q),
                 Reductions::At(&[1.0]),
+                Timeouts::NONE,
                 Start::Window(f64::INFINITY),
                 5.0,
             )
@@ -378,6 +461,7 @@ mod tests {
                 c,
                 &path,
                 Reductions::At(&[]),
+                Timeouts::NONE,
                 Start::Window(f64::INFINITY),
                 5.0,
             );
