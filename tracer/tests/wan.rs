@@ -4,9 +4,11 @@
 //! tcpdump captures every packet of the upload in the edge namespace as it
 //! enters from the server (stamped by the kernel when it arrived: the
 //! stamp the delay line holds it by) and as it leaves towards the client
-//! (stamped inside the verdict that let it go). So each packet's captured
-//! delay is at least the round trip and at most the round trip plus the
-//! lateness the delay line reports for it: exact bounds, not statistics.
+//! (after the verdict that let it go). So each packet's captured delay is
+//! at least the round trip, exactly; how much more is the delay line's
+//! error, held to issue 16's target (p99 under 0.5 ms). (The lateness the
+//! line reports ends when its verdict returns; a packet may leave a few
+//! microseconds later, so that bounds nothing.)
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -180,10 +182,10 @@ fn the_wan_path_holds_each_packet_one_round_trip_and_shapes_the_data() {
             .expect("every packet leaving came in first (the capture began before the upload)");
         let held = p.time_us - came;
         let error = held - (RTT_MS * 1e3) as i64;
+        // (1 us: the capture's clock and the line's round apart.)
         assert!(
-            (-1..=late.max as i64 + 1).contains(&error),
-            "a packet held {held} us for a {RTT_MS} ms round trip (the lab says at most {} us late)",
-            late.max
+            error >= -1,
+            "a packet held {held} us for a {RTT_MS} ms round trip: let go early"
         );
         errors.push(error);
         matched += 1;
@@ -200,6 +202,10 @@ fn the_wan_path_holds_each_packet_one_round_trip_and_shapes_the_data() {
         "delay error (capture): p50 {} us, p99 {p99} us, max {} us over {matched} packets; the lab's own: {late:?}",
         errors[errors.len() / 2],
         errors[errors.len() - 1]
+    );
+    assert!(
+        p99 < 500,
+        "the delay's error p99 is {p99} us (target: under 500)"
     );
 
     // The data after the bottleneck, over the middle half of the upload
