@@ -37,7 +37,7 @@ use crate::{
     kernel::{Counters, KernelReport},
     record::Sink,
     source::{
-        capture::{block, custom, exported_pdu, linktype, opt, BYTE_ORDER, PCAPNG_SHB},
+        format::{block, custom, exported_pdu, linktype, opt, BYTE_ORDER, PCAPNG_SHB},
         Frame, Observation, Raw,
     },
     SetupError,

@@ -2,6 +2,7 @@
 //! every later stage (statistics, engine, exporters) consumes.
 
 pub mod capture;
+pub mod format;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
