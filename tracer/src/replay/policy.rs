@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::{
     acks,
     throughput::{self, Congestion, Path, Reductions, Start, Timeouts},
-    Assumptions, FlowLog, LateOriginal, TcpArrival, RTO_MIN_NS,
+    Assumptions, FlowLog, LateOriginal, Refill, TcpArrival, RTO_MIN_NS,
 };
 
 /// A sender's loss detection, with its parameters.
@@ -301,10 +301,17 @@ impl Event<'_> {
     }
 }
 
-fn events(log: &FlowLog) -> Vec<Event<'_>> {
-    // A refill whose original arrived later was a spurious retransmission
-    // that won the race, not a loss.
+/// The holes only a retransmission filled: a refill whose original
+/// arrived later was a spurious retransmission that won the race, not a
+/// loss.
+fn losses(log: &FlowLog) -> impl Iterator<Item = &Refill> {
     let originals: HashSet<u64> = log.late.iter().map(|l| l.start).collect();
+    log.refills
+        .iter()
+        .filter(move |r| !originals.contains(&r.start))
+}
+
+fn events(log: &FlowLog) -> Vec<Event<'_>> {
     let mut ev: Vec<Event<'_>> = log
         .late
         .iter()
@@ -318,14 +325,9 @@ fn events(log: &FlowLog) -> Vec<Event<'_>> {
             }
         })
         .collect();
-    ev.extend(
-        log.refills
-            .iter()
-            .filter(|r| !originals.contains(&r.start))
-            .map(|r| Event::Loss {
-                opened: r.opened_ns,
-            }),
-    );
+    ev.extend(losses(log).map(|r| Event::Loss {
+        opened: r.opened_ns,
+    }));
     // Stable: late segments of one hole keep their arrival order.
     ev.sort_by_key(Event::opened);
     ev
@@ -338,14 +340,8 @@ fn events(log: &FlowLog) -> Vec<Event<'_>> {
 /// retransmission was lost too, whatever found it again). Holes refilled
 /// within one timeout of another share it.
 fn retransmission_timeouts(log: &FlowLog, rtt_ns: u64, rto_s: f64) -> Vec<f64> {
-    let originals: HashSet<u64> = log.late.iter().map(|l| l.start).collect();
-    let mut lost: Vec<f64> = log
-        .refills
-        .iter()
-        .filter(|r| {
-            !originals.contains(&r.start)
-                && r.filled_ns.saturating_sub(r.opened_ns) >= RTO_MIN_NS + rtt_ns
-        })
+    let mut lost: Vec<f64> = losses(log)
+        .filter(|r| r.filled_ns.saturating_sub(r.opened_ns) >= RTO_MIN_NS + rtt_ns)
         .map(|r| (r.opened_ns + rtt_ns) as f64 / 1e9)
         .collect();
     lost.sort_by(f64::total_cmp);
@@ -647,7 +643,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::{replay, AckLog, Refill, ReplayConfig, TraceRtt};
+    use crate::replay::{replay, AckLog, ReplayConfig, TraceRtt};
 
     const MSS: u32 = 1000;
 

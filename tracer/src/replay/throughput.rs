@@ -86,10 +86,11 @@ impl Timeouts<'_> {
 }
 
 /// Average goodput over `duration_s` of a window that starts as `start`,
-/// reduces at each of `reductions` and restarts after each of `timeouts`. Multiplicative decrease β (CUBIC
-/// 0.7, Reno 0.5); growth per RFC 8312 §4.1 (with its TCP-friendly
-/// region) or one segment per RTT; never past what the path holds (its
-/// losses there are the trace's reductions, or the formulas').
+/// reduces at each of `reductions` and restarts after each of
+/// `timeouts`. Multiplicative decrease β (CUBIC 0.7, Reno 0.5); growth
+/// per RFC 8312 §4.1 (with its TCP-friendly region) or one segment per
+/// RTT; never past what the path holds (its losses there are the trace's
+/// reductions, or the formulas').
 pub fn simulate(
     c: Congestion,
     path: &Path,
@@ -109,8 +110,8 @@ pub fn simulate(
     };
     let mut w = start_window.clamp(1.0, cap);
     // Where slow start ends: the path's hold, or after a timeout the
-    // window the timer found.
-    let mut ssthresh = cap;
+    // window the timer found (`restarting`).
+    let (mut ssthresh, mut restarting) = (cap, false);
     let mut timeouts_due = timeouts.at.iter().copied().peekable();
     // CUBIC epoch state: the last maximum, when the epoch began, the
     // window then, and the TCP-friendly estimate.
@@ -131,13 +132,11 @@ pub fn simulate(
             while next.peek().is_some_and(|&e| e <= t) {
                 next.next();
             }
-            ssthresh = w.max(2.0);
-            w = 1.0;
-            slow_start = true;
+            (ssthresh, w, slow_start, restarting) = (w.max(2.0), 1.0, true, true);
             continue;
         }
         // The first slow start crosses an emptier path than the rest.
-        let round = if slow_start && ssthresh >= cap {
+        let round = if slow_start && !restarting {
             path.slow_start_rtt_s
         } else {
             rtt
@@ -160,8 +159,7 @@ pub fn simulate(
             }
         }
         if due {
-            slow_start = false;
-            ssthresh = cap;
+            (slow_start, restarting) = (false, false);
             match c {
                 Congestion::Reno => w = (w * 0.5).max(2.0),
                 Congestion::Cubic => {
@@ -182,13 +180,13 @@ pub fn simulate(
         if slow_start {
             w = (w * 2.0).min(ssthresh);
             slow_start = w < ssthresh;
-            if ssthresh >= cap {
+            if !restarting {
                 (w_max, w_est) = (w, w);
             } else if !slow_start {
                 // Back at the window the timer found: CUBIC's epoch
                 // starts again there, its maximum kept.
                 (epoch_start, w_epoch, w_est) = (t, w, w);
-                ssthresh = cap;
+                restarting = false;
             }
             continue;
         }
