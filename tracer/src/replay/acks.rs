@@ -51,8 +51,9 @@
 //! * retransmissions are ACK-clocked (PRR, slow-start reduction bound):
 //!   as many as the ACK delivered, at least one, one more if it advanced
 //!   the cumulative point;
-//! * undo (RACK always, DupThresh if asked; RFC 3522 detection with
-//!   millisecond timestamps): a partial ACK
+//! * undo (RACK always, DupThresh if asked; RACK's also by RFC 3522
+//!   detection with millisecond timestamps, which the classic sender does
+//!   not send): a partial ACK
 //!   whose echoed timestamp is older than the first retransmission's stops
 //!   retransmitting while any retransmission is out and, once none is,
 //!   undoes the episode, unmarking what was marked (Linux takes those off
@@ -863,7 +864,10 @@ impl Sim<'_> {
         if self.in_recovery {
             if self.rcv_nxt >= self.high_seq {
                 self.close_episode();
-            } else if self.undoes() && partial && self.delayed(arr) {
+            } else if matches!(self.detection, Detection::Rack { .. })
+                && partial
+                && self.delayed(arr)
+            {
                 if self.retrans_out > 0 {
                     return; // no retransmission on this ACK
                 }

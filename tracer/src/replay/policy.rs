@@ -22,9 +22,12 @@ use super::{
 pub enum Policy {
     /// RFC 5681 fast retransmit with RFC 6675 SACK loss marking: a segment
     /// is lost once more than (DupThresh - 1) segments' bytes above it are
-    /// SACKed. No reordering adaptation (Windows before RACK-TLP); `undo`
-    /// (off by default) undoes spurious recoveries as Linux does (below),
-    /// as the lab's fixed-threshold Linux sender does.
+    /// SACKed. No reordering adaptation (Windows before RACK-TLP), and no
+    /// TCP timestamps. `undo` (off by default) undoes a recovery once the
+    /// receiver's DSACKs prove all its retransmissions spurious (RFC 3708,
+    /// as Linux does without timestamps: the lab's classic guest); a late
+    /// original tells this sender nothing sooner, so the recovery goes on
+    /// retransmitting for its round trip.
     Classic { dupthresh: u32, undo: bool },
     /// The same, with the threshold raised to the reordering degree each
     /// time reordering is seen (Linux before RACK: tcp_reordering up to
@@ -135,8 +138,10 @@ struct Recovery<'a> {
     /// Deliveries owed to PRR before the next retransmission (fraction).
     prr_credit: f64,
     rtt: u64,
-    /// Linux's undo (see [`Policy::LinuxAdaptive`]).
+    /// Linux's undo (see [`Policy::LinuxAdaptive`]); `eifel`: by
+    /// timestamps too, not only by DSACK (see [`Policy::Classic`]).
     undo: bool,
+    eifel: bool,
     /// The current episode: its first retransmission; when an original
     /// sent before it was delivered (no retransmission after that); whether
     /// it retransmitted a real loss.
@@ -144,10 +149,14 @@ struct Recovery<'a> {
     stop_at: u64,
     real: bool,
     undone: u64,
-    /// The current episode's retransmissions, and its late originals
-    /// delivered so far (they clock out retransmissions too).
+    /// The current episode's retransmissions, and when its late originals
+    /// delivered so far arrived (they clock out retransmissions too).
     episode_rtx: u64,
-    episode_delivered: u64,
+    episode_arrivals: Vec<u64>,
+    /// The holes marked together (by the opening of the first) and how
+    /// many of them PRR has retransmitted.
+    marking: (u64, u64),
+    mss: u64,
 }
 
 /// What became of a segment marked lost.
@@ -161,17 +170,32 @@ enum Marked {
     Real,
 }
 
+/// What clocks a retransmission out.
+#[derive(Clone, Copy)]
+enum Clock {
+    /// PRR counted by what was delivered ([`Recovery::released`]): the
+    /// hole opened at `opened` (holes marked together share it);
+    /// `overtakers` segments above it had arrived since its marking when
+    /// its original did.
+    Prr { opened: u64, overtakers: u64 },
+    /// Spaced by the receiver's TCP-layer arrivals when traced, else by
+    /// the mean send interval, over β.
+    Spacing,
+}
+
 /// PRR's sending rate in recovery, relative to the delivery rate (CUBIC's
 /// β).
 const PRR_RATIO: f64 = 0.7;
 
 impl<'a> Recovery<'a> {
-    fn new(a: &Assumptions, undo: bool, deliveries: &'a [TcpArrival]) -> Self {
+    fn new(a: &Assumptions, undo: bool, eifel: bool, deliveries: &'a [TcpArrival]) -> Self {
         Self {
             rtx_interval: (a.send_interval_us * 1000.0 / PRR_RATIO) as u64,
             deliveries,
             rtt: (a.rtt_us * 1000.0) as u64,
             undo,
+            eifel: undo && eifel,
+            mss: u64::from(a.mss_bytes.max(1)),
             stop_at: u64::MAX,
             ..Self::default()
         }
@@ -188,12 +212,11 @@ impl<'a> Recovery<'a> {
     }
 
     /// When the retransmission after one sent at `sent` can go: after
-    /// 1/β more deliveries (ACKs) when they are known, else at the spacing
-    /// of the arrivals around it (`ack_gap`) or the mean send interval,
-    /// over β.
-    fn next_rtx(&mut self, sent: u64, ack_gap: Option<u64>) -> u64 {
+    /// 1/β more deliveries (ACKs) when they are known, else at the mean
+    /// send interval over β.
+    fn next_rtx(&mut self, sent: u64) -> u64 {
         if self.deliveries.is_empty() {
-            return sent + ack_gap.map_or(self.rtx_interval, |g| (g as f64 / PRR_RATIO) as u64);
+            return sent + self.rtx_interval;
         }
         self.prr_credit += 1.0 / PRR_RATIO;
         let step = self.prr_credit.floor() as usize;
@@ -205,13 +228,15 @@ impl<'a> Recovery<'a> {
     }
 
     /// An original arrived at `t` (late, or delivered in the normal
-    /// course): with undo, once it postdates the episode's first
-    /// retransmission, the episode retransmits nothing more.
+    /// course): with timestamps' undo, once it postdates the episode's
+    /// first retransmission, the episode retransmits nothing more.
     fn original_delivered(&mut self, t: u64) {
-        if self.in_recovery(t) {
-            self.episode_delivered += 1;
+        // (An original the episode waited for ends it on arrival.)
+        let in_episode = self.active && t <= self.until;
+        if in_episode {
+            self.episode_arrivals.push(t);
         }
-        if self.undo && self.in_recovery(t) && self.first_rtx.is_some_and(|s| s < t) {
+        if self.eifel && in_episode && self.first_rtx.is_some_and(|s| s < t) {
             self.stop_at = self.stop_at.min(t);
         }
     }
@@ -220,56 +245,112 @@ impl<'a> Recovery<'a> {
         self.active && t < self.until
     }
 
+    /// When PRR (RFC 6937, proportional, as Linux runs it: ⌈β · delivered⌉
+    /// segments out) released the `k`-th retransmission (from 0) of holes
+    /// marked together at `marked`: the first at once, each further one
+    /// once β more segments were delivered. Delivered: the receiver's
+    /// TCP-layer arrivals when traced (each an ACK, for all its segments);
+    /// else the `overtakers` (evenly over the time to `arrived`) and the
+    /// episode's late originals, each its own ACK. None: not before
+    /// `arrived`.
+    fn released(&self, k: u64, marked: u64, arrived: u64, overtakers: u64) -> Option<u64> {
+        if k == 0 {
+            return Some(marked);
+        }
+        let needed = (k as f64 / PRR_RATIO).floor() as u64 + 1;
+        if !self.deliveries.is_empty() {
+            let mut delivered = 0;
+            return self
+                .deliveries
+                .iter()
+                .skip_while(|d| d.t_ns < marked)
+                .take_while(|d| d.t_ns < arrived)
+                .find(|d| {
+                    delivered += (d.end - d.start).div_ceil(self.mss);
+                    delivered >= needed
+                })
+                .map(|d| d.t_ns);
+        }
+        let spacing = arrived.saturating_sub(marked) / overtakers.max(1);
+        let mut times: Vec<u64> = (0..overtakers).map(|i| marked + i * spacing).collect();
+        let late = self.episode_arrivals.iter();
+        times.extend(late.filter(|t| (marked..arrived).contains(*t)));
+        times.sort_unstable();
+        times.get(needed as usize - 1).copied()
+    }
+
     /// A segment is marked lost at `marked`; its original arrives at
     /// `original.0` with `original.1` segments received above it then (None:
     /// it was lost).
     ///
-    /// Retransmissions are ACK-clocked (RFC 6937 PRR, in its slow-start
-    /// reduction bound: marking many segments lost empties the pipe): one
-    /// per segment delivered in the episode, so a retransmission goes out
-    /// before its original arrives only if enough was delivered by then.
-    /// `ack_gap`: the spacing of the arrivals (each an ACK) around it, when
-    /// known.
-    fn lost(&mut self, marked: u64, original: Option<(u64, u64)>, ack_gap: Option<u64>) -> Marked {
+    /// Retransmissions are ACK-clocked, so one goes out before its
+    /// original arrives only if enough was delivered by then: by
+    /// [`Clock::Prr`], or spaced and at most one per segment delivered in
+    /// the episode.
+    fn lost(&mut self, marked: u64, original: Option<(u64, u64)>, clock: Clock) -> Marked {
         if !self.in_recovery(marked) {
             self.close_episode();
             self.first_rtx = None;
             self.stop_at = u64::MAX;
             self.real = false;
             self.episode_rtx = 0;
-            self.episode_delivered = 0;
+            self.episode_arrivals.clear();
             self.active = true;
             self.episodes += 1;
             self.spurious_episodes += u64::from(original.is_some());
             self.starts.push(marked as f64 / 1e9);
             // RFC 6675: recovery lasts until what was sent when it began is
             // acknowledged, a round trip; reordering within it costs
-            // retransmissions but no further reduction. (With undo, a
-            // recovery its originals prove spurious ends when they arrive.)
-            self.until = if self.undo { marked } else { marked + self.rtt };
+            // retransmissions but no further reduction. (With timestamps'
+            // undo, a recovery its originals prove spurious ends when they
+            // arrive.)
+            self.until = if self.eifel {
+                marked
+            } else {
+                marked + self.rtt
+            };
             self.rtx_clock = marked;
         }
         let sent = self.rtx_clock.max(marked);
-        let outcome = match original {
-            Some((arrived, above))
+        let outcome = match (original, clock) {
+            (Some((arrived, _)), Clock::Prr { opened, overtakers }) => {
+                if self.marking.0 != opened {
+                    self.marking = (opened, 0);
+                }
+                match self.released(self.marking.1, marked, arrived, overtakers) {
+                    Some(sent) if sent < self.stop_at => {
+                        self.marking.1 += 1;
+                        self.episode_rtx += 1;
+                        self.until = self.until.max(arrived.min(sent + self.rtt));
+                        self.spurious += 1;
+                        self.first_rtx.get_or_insert(sent);
+                        Marked::Spurious { sent }
+                    }
+                    _ => {
+                        self.until = self.until.max(arrived);
+                        Marked::NotSent
+                    }
+                }
+            }
+            (Some((arrived, above)), _)
                 if arrived <= sent
                     || sent >= self.stop_at
-                    || self.episode_rtx >= above + self.episode_delivered =>
+                    || self.episode_rtx >= above + self.episode_arrivals.len() as u64 =>
             {
                 self.until = self.until.max(arrived);
                 Marked::NotSent
             }
-            Some((arrived, _)) => {
+            (Some((arrived, _)), _) => {
                 self.episode_rtx += 1;
-                self.rtx_clock = self.next_rtx(sent, ack_gap);
+                self.rtx_clock = self.next_rtx(sent);
                 self.until = self.until.max(arrived.min(sent + self.rtt));
                 self.spurious += 1;
                 self.first_rtx.get_or_insert(sent);
                 Marked::Spurious { sent }
             }
-            None => {
+            (None, _) => {
                 self.episode_rtx += 1;
-                self.rtx_clock = self.next_rtx(sent, ack_gap);
+                self.rtx_clock = self.next_rtx(sent);
                 self.until = self.until.max(sent + self.rtt);
                 self.first_rtx.get_or_insert(sent);
                 self.real = true;
@@ -380,16 +461,15 @@ impl Policy {
         // overtakers came: `classic_step`.)
         let gap = a.segment_gap_ns();
         let rtt = (a.rtt_us * 1000.0) as u64;
-        let undo = match *self {
-            Policy::Classic { undo, .. }
-            | Policy::LinuxAdaptive { undo, .. }
-            | Policy::RackTlp { undo, .. } => undo,
+        let (undo, eifel) = match *self {
+            Policy::Classic { undo, .. } => (undo, false),
+            Policy::LinuxAdaptive { undo, .. } | Policy::RackTlp { undo, .. } => (undo, true),
         };
         let deliveries = match (log.acks.as_deref(), a.tcp_layer_whole) {
             (Some(l), true) => &l.tcp[..],
             _ => &[],
         };
-        let mut r = Recovery::new(a, undo, deliveries);
+        let mut r = Recovery::new(a, undo, eifel, deliveries);
         let mut probes = 0;
         // Classic and RACK-TLP ACK by ACK when the receiver's TCP layer and
         // the sender's timestamps are in the trace; else (and always for
@@ -534,13 +614,17 @@ fn classic_step(r: &mut Recovery, e: &Event<'_>, thr: u32, mss: u64, gap: u64) {
                 let span = l.arrived_ns.saturating_sub(l.overtaken_ns);
                 let marked = l.overtaken_ns + span * (thr - 1) / above;
                 let original = Some((l.arrived_ns, l.bytes_above / mss));
-                r.lost(marked, original, Some(span / above));
+                let clock = Clock::Prr {
+                    opened: l.overtaken_ns,
+                    overtakers: above - thr + 1,
+                };
+                r.lost(marked, original, clock);
             } else {
                 r.original_delivered(l.arrived_ns);
             }
         }
         Event::Loss { opened, .. } => {
-            r.lost(opened + (thr - 1) * gap, None, None);
+            r.lost(opened + (thr - 1) * gap, None, Clock::Spacing);
         }
     }
 }
@@ -605,7 +689,11 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
                     by_window
                 };
                 let outcome = if l.arrived_ns > marked {
-                    r.lost(marked, Some((l.arrived_ns, l.bytes_above / mss)), None)
+                    r.lost(
+                        marked,
+                        Some((l.arrived_ns, l.bytes_above / mss)),
+                        Clock::Spacing,
+                    )
                 } else {
                     r.original_delivered(l.arrived_ns);
                     Marked::NotSent
@@ -634,7 +722,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
                 } else {
                     opened
                 };
-                r.lost(marked, None, None);
+                r.lost(marked, None, Clock::Spacing);
             }
         }
     }
@@ -828,11 +916,11 @@ mod tests {
 
     #[test]
     fn classic_retransmits_as_fast_as_acks_come_back() {
-        // Ten originals overtaken 1 µs apart, each 200 µs late with 40
-        // segments above: all marked lost 20 µs after their overtaking.
+        // Ten originals of one hole, 200 µs late with 40 segments above:
+        // all marked lost together, 10 µs after its opening.
         let mut log = clean(10_000);
-        for k in 0..10 {
-            late(&mut log, 20_000 + k, 200, 40);
+        for _ in 0..10 {
+            late(&mut log, 20_000, 200, 40);
         }
         let classic = |log: &FlowLog, tcp_layer: bool| {
             replay(log, TraceRtt::Observed(None), &cfg(), tcp_layer, None)
@@ -842,16 +930,20 @@ mod tests {
                 .unwrap()
                 .spurious_retransmissions
         };
-        // Without the receiver's TCP layer: one retransmission per mean
-        // send interval over β (14 µs), all ten before their originals.
+        // Without the receiver's TCP layer: the 38 overtakers after the
+        // marking, evenly over the 190 µs, release the ten (PRR: 13
+        // deliveries for the tenth) before their originals.
         assert_eq!(classic(&log, false), 10);
-        // With it, PRR clocks them by the ACKs: one per 1/β deliveries.
+        // With it, PRR counts the segments its ACKs delivered: one
+        // retransmission at once, each further one per 1/β segments.
         let with_deliveries = |every_us: u64| {
             let mut l = log.clone();
             l.acks = Some(Box::new(AckLog {
-                tcp: (0..1_000)
+                tcp: (0..3_000)
                     .map(|j| TcpArrival {
                         t_ns: (19_000 + j * every_us) * 1000,
+                        start: j * u64::from(MSS),
+                        end: (j + 1) * u64::from(MSS),
                         ..TcpArrival::default()
                     })
                     .collect(),
@@ -861,12 +953,46 @@ mod tests {
             }));
             l
         };
-        // An ACK every 100 µs (from 19 ms): retransmissions at 20.02,
-        // 20.1 and 20.2 ms precede originals due at 20.200-20.209 ms; the
-        // next may go only at 20.4 ms.
-        assert_eq!(classic(&with_deliveries(100), true), 3);
+        // An ACK every 50 µs (from 19 ms), a segment each: at the marking,
+        // at 20.05 (two delivered) and 20.10 ms (three) before the
+        // originals at 20.2 ms; the fourth needs five.
+        assert_eq!(classic(&with_deliveries(50), true), 3);
         // An ACK every microsecond: all ten go before their originals.
         assert_eq!(classic(&with_deliveries(1), true), 10);
+    }
+
+    /// Without timestamps a late original tells the classic sender
+    /// nothing: its recovery goes on retransmitting what it marked until
+    /// the DSACKs come (then undoes it). Linux's timestamps stop it at the
+    /// first late original after its first retransmission.
+    #[test]
+    fn only_timestamps_stop_a_recovery_at_its_first_late_original() {
+        let mut log = clean(10_000);
+        // One hole: eight originals 100 µs late with 6 segments above,
+        // eight more 250 µs late with 12 above.
+        for _ in 0..8 {
+            late(&mut log, 20_000, 100, 6);
+        }
+        for _ in 0..8 {
+            late(&mut log, 20_000, 250, 12);
+        }
+        let cfg = ReplayConfig {
+            classic_undo: true,
+            ..cfg()
+        };
+        let r = replay(&log, TraceRtt::Observed(None), &cfg, false, None);
+        let get = |name: &str| r.policies.iter().find(|p| p.name == name).unwrap();
+        // PRR: 4 overtakers by the first eight's arrival release 3; 10
+        // overtakers and those eight by the second's, all eight more.
+        let classic = get("classic");
+        assert_eq!(classic.spurious_retransmissions, 11);
+        assert_eq!(
+            (classic.recovery_episodes, classic.undone_recovery_episodes),
+            (1, 1)
+        );
+        let adaptive = get("linux-adaptive");
+        assert_eq!(adaptive.spurious_retransmissions, 3);
+        assert_eq!(adaptive.undone_recovery_episodes, 1);
     }
 
     #[test]
