@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{
     acks,
-    throughput::{self, Congestion, Path, Reductions, Start, Timeouts},
+    throughput::{self, Congestion, Path, Reductions, Start, Timeouts, Undone},
     Assumptions, FlowLog, LateOriginal, Refill, TcpArrival, RTO_MIN_NS,
 };
 
@@ -125,6 +125,9 @@ struct Recovery<'a> {
     spurious: u64,
     /// Episode start times, seconds.
     starts: Vec<f64>,
+    /// Episodes the DSACKs undid (without timestamps' undo): from their
+    /// start until the last of their retransmissions' DSACKs, seconds.
+    undone_spans: Vec<(f64, f64)>,
     /// When the next retransmission can go out: in recovery a sender sends
     /// about β (0.7) segments per segment delivered (RFC 6937 PRR), so
     /// segments marked lost together leave one by one.
@@ -146,6 +149,7 @@ struct Recovery<'a> {
     /// sent before it was delivered (no retransmission after that); whether
     /// it retransmitted a real loss.
     first_rtx: Option<u64>,
+    last_rtx: u64,
     stop_at: u64,
     real: bool,
     undone: u64,
@@ -202,11 +206,19 @@ impl<'a> Recovery<'a> {
     }
 
     /// Closes the current episode: undone if undo applies and it
-    /// retransmitted no real loss.
-    fn close_episode(&mut self) {
-        if self.active && self.undo && !self.real {
+    /// retransmitted no real loss. Without timestamps the DSACKs undo it a
+    /// round trip after its last retransmission, and only if no episode
+    /// began (`next`, ns) before: a new recovery starts its undo afresh
+    /// from the window it found (Linux's `tcp_init_undo`).
+    fn close_episode(&mut self, next: Option<u64>) {
+        let dsacked = self.first_rtx.map(|_| self.last_rtx + self.rtt);
+        let in_time = self.eifel || dsacked.is_none_or(|d| next.is_none_or(|n| d <= n));
+        if self.active && self.undo && !self.real && in_time {
             self.undone += 1;
-            self.starts.pop();
+            let start = self.starts.pop();
+            if let (false, Some(start), Some(dsacked)) = (self.eifel, start, dsacked) {
+                self.undone_spans.push((start, dsacked as f64 / 1e9));
+            }
         }
         self.active = false;
     }
@@ -289,8 +301,9 @@ impl<'a> Recovery<'a> {
     /// the episode.
     fn lost(&mut self, marked: u64, original: Option<(u64, u64)>, clock: Clock) -> Marked {
         if !self.in_recovery(marked) {
-            self.close_episode();
+            self.close_episode(Some(marked));
             self.first_rtx = None;
+            self.last_rtx = 0;
             self.stop_at = u64::MAX;
             self.real = false;
             self.episode_rtx = 0;
@@ -324,6 +337,7 @@ impl<'a> Recovery<'a> {
                         self.until = self.until.max(arrived.min(sent + self.rtt));
                         self.spurious += 1;
                         self.first_rtx.get_or_insert(sent);
+                        self.last_rtx = self.last_rtx.max(sent);
                         Marked::Spurious { sent }
                     }
                     _ => {
@@ -346,6 +360,7 @@ impl<'a> Recovery<'a> {
                 self.until = self.until.max(arrived.min(sent + self.rtt));
                 self.spurious += 1;
                 self.first_rtx.get_or_insert(sent);
+                self.last_rtx = self.last_rtx.max(sent);
                 Marked::Spurious { sent }
             }
             (None, _) => {
@@ -541,7 +556,7 @@ impl Policy {
         if let Policy::RackTlp { .. } = self {
             probes = log.gaps_over(2 * rtt + PTO_FLOOR_NS);
         }
-        r.close_episode();
+        r.close_episode(None);
         self.outcome(r, probes, log, a)
     }
 
@@ -574,6 +589,7 @@ impl Policy {
                 c,
                 &path,
                 Reductions::At(&r.starts),
+                Undone(&r.undone_spans),
                 timeouts,
                 Start::SlowStart(INITIAL_WINDOW),
                 a.duration_s,
@@ -993,6 +1009,37 @@ mod tests {
         let adaptive = get("linux-adaptive");
         assert_eq!(adaptive.spurious_retransmissions, 3);
         assert_eq!(adaptive.undone_recovery_episodes, 1);
+    }
+
+    /// The DSACKs undo a classic recovery a round trip after its last
+    /// retransmission, unless another recovery began before: Linux then
+    /// keeps the first reduction and undoes from the window it left.
+    #[test]
+    fn a_recovery_begun_before_the_dsacks_keeps_the_last_one_s_reduction() {
+        let cfg = ReplayConfig {
+            classic_undo: true,
+            ..cfg()
+        };
+        let classic = |second_at_us: u64| {
+            let mut log = clean(10_000);
+            // Ten originals of one hole, 500 µs late with 40 above: PRR
+            // releases the last retransmission at 20.175 ms, so its DSACK
+            // comes at 21.175 ms (the episode itself ends at 21.025 ms).
+            for _ in 0..10 {
+                late(&mut log, 20_000, 500, 40);
+            }
+            late(&mut log, second_at_us, 100, 5);
+            let r = replay(&log, TraceRtt::Observed(None), &cfg, false, None);
+            let p = r
+                .policies
+                .into_iter()
+                .find(|p| p.name == "classic")
+                .unwrap();
+            (p.recovery_episodes, p.undone_recovery_episodes)
+        };
+        // The second marks at 21.140 ms, before the first's DSACK.
+        assert_eq!(classic(21_100), (2, 1));
+        assert_eq!(classic(23_000), (2, 2));
     }
 
     #[test]

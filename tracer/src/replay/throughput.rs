@@ -47,6 +47,16 @@ pub enum Congestion {
     Reno,
 }
 
+impl Congestion {
+    /// Multiplicative decrease: the window a recovery reduces to.
+    fn beta(self) -> f64 {
+        match self {
+            Congestion::Cubic => CUBIC_BETA,
+            Congestion::Reno => 0.5,
+        }
+    }
+}
+
 /// How the window starts.
 #[derive(Clone, Copy, Debug)]
 pub enum Start {
@@ -85,9 +95,31 @@ impl Timeouts<'_> {
     };
 }
 
+/// Recoveries undone by the receiver's DSACKs alone: from the start of
+/// each span to its end (seconds, ascending) the window sent at β of
+/// itself (PRR's reduction while the recovery lasted, then the reduced
+/// window until the DSACKs undid it), and had itself back after.
+#[derive(Clone, Copy, Debug)]
+pub struct Undone<'a>(pub &'a [(f64, f64)]);
+
+impl Undone<'_> {
+    pub const NONE: Undone<'static> = Undone(&[]);
+
+    /// How much of `[from, to)` the spans cover.
+    fn within(&self, from: f64, to: f64) -> f64 {
+        let covered: f64 = self
+            .0
+            .iter()
+            .map(|&(a, b)| (b.min(to) - a.max(from)).max(0.0))
+            .sum();
+        covered.min(to - from)
+    }
+}
+
 /// Average goodput over `duration_s` of a window that starts as `start`,
-/// reduces at each of `reductions` and restarts after each of
-/// `timeouts`. Multiplicative decrease β (CUBIC 0.7, Reno 0.5); growth
+/// reduces at each of `reductions`, is held down during each of `undone`
+/// and restarts after each of `timeouts`. Multiplicative decrease β
+/// (CUBIC 0.7, Reno 0.5); growth
 /// per RFC 8312 §4.1 (with its TCP-friendly region) or one segment per
 /// RTT; never past what the path holds (its losses there are the trace's
 /// reductions, or the formulas').
@@ -95,6 +127,7 @@ pub fn simulate(
     c: Congestion,
     path: &Path,
     reductions: Reductions<'_>,
+    undone: Undone<'_>,
     timeouts: Timeouts<'_>,
     start: Start,
     duration_s: f64,
@@ -142,7 +175,8 @@ pub fn simulate(
             rtt
         };
         let step = round.min(duration_s - t);
-        let bits = path.rate(w, round) * step;
+        let held = undone.within(t, t + step);
+        let bits = path.rate(w, round) * (step - held) + path.rate(w * c.beta(), round) * held;
         delivered_bits += bits;
         since_loss += bits / (8.0 * path.mss_bytes);
         t += step;
@@ -161,7 +195,7 @@ pub fn simulate(
         if due {
             (slow_start, restarting) = (false, false);
             match c {
-                Congestion::Reno => w = (w * 0.5).max(2.0),
+                Congestion::Reno => w = (w * c.beta()).max(2.0),
                 Congestion::Cubic => {
                     // Fast convergence (RFC 8312 §4.6, on in Linux): a
                     // window that fell short of the last maximum gives up
@@ -171,7 +205,7 @@ pub fn simulate(
                     } else {
                         w
                     };
-                    w = (w * CUBIC_BETA).max(2.0);
+                    w = (w * c.beta()).max(2.0);
                     (epoch_start, w_epoch, w_est) = (t, w, w);
                 }
             }
@@ -288,6 +322,37 @@ mod tests {
     }
 
     #[test]
+    fn an_undone_recovery_costs_what_its_held_window_leaves_of_the_link() {
+        // 100 ms of a second held at β: a window that just fills the link
+        // then leaves 30% of it unused; one the queue doubles, none.
+        let path = |queue_bdp| Path {
+            rtt_s: 0.001,
+            slow_start_rtt_s: 0.001,
+            mss_bytes: 1250.0,
+            bottleneck_bps: 100e6,
+            queue_bdp,
+        };
+        let run = |path: &Path, undone| {
+            let full = path.max_window();
+            let r = Reductions::At(&[]);
+            simulate(
+                Congestion::Cubic,
+                path,
+                r,
+                undone,
+                Timeouts::NONE,
+                Start::Window(full),
+                1.0,
+            )
+        };
+        let spans = Undone(&[(0.5, 0.6)]);
+        let (no_queue, queue) = (path(0.0), path(1.0));
+        assert!((run(&no_queue, spans) / 100e6 - 0.97).abs() < 1e-9);
+        assert!((run(&queue, spans) / 100e6 - 1.0).abs() < 1e-9);
+        assert!((run(&no_queue, Undone::NONE) / 100e6 - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
     fn a_timeout_idles_its_rto_then_slow_starts_back_to_its_window() {
         // A full 1 ms path: 200 ms of nothing in a second, then 1, 2, 4,
         // ... back to the window the timer found, within a few round trips.
@@ -304,6 +369,7 @@ mod tests {
                 Congestion::Cubic,
                 &path,
                 Reductions::At(&[]),
+                Undone::NONE,
                 timeouts,
                 Start::Window(full),
                 1.0,
@@ -353,6 +419,7 @@ mod tests {
                 Congestion::Cubic,
                 &path,
                 every,
+                Undone::NONE,
                 Timeouts::NONE,
                 Start::Window(start),
                 3000.0,
@@ -366,6 +433,7 @@ mod tests {
                 Congestion::Reno,
                 &path,
                 every,
+                Undone::NONE,
                 Timeouts::NONE,
                 Start::Window(reno_window(p)),
                 3000.0,
@@ -398,6 +466,7 @@ mod tests {
             Congestion::Cubic,
             &eighty(0.0),
             Reductions::At(&[]),
+            Undone::NONE,
             Timeouts::NONE,
             Start::SlowStart(10.0),
             1.0,
@@ -418,6 +487,7 @@ mod tests {
             Congestion::Cubic,
             &path,
             Reductions::At(&[]),
+            Undone::NONE,
             Timeouts::NONE,
             Start::SlowStart(10.0),
             1.0,
@@ -435,6 +505,7 @@ mod tests {
                 Congestion::Cubic,
                 &eighty(q),
                 Reductions::At(&[1.0]),
+                Undone::NONE,
                 Timeouts::NONE,
                 Start::Window(f64::INFINITY),
                 5.0,
@@ -459,6 +530,7 @@ mod tests {
                 c,
                 &path,
                 Reductions::At(&[]),
+                Undone::NONE,
                 Timeouts::NONE,
                 Start::Window(f64::INFINITY),
                 5.0,
