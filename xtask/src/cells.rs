@@ -22,7 +22,7 @@ use std::process::{Command, ExitCode};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-use crate::validate::{flows, n, policy, prepare};
+use crate::validate::{flows, n, policy, prepare, Keep};
 
 const REPOINTS: [u32; 4] = [0, 10, 50, 200];
 const RTTS_MS: [u32; 3] = [1, 20, 80];
@@ -152,7 +152,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-pub fn run(runs: u32, only: &[String], table: Table) -> Result<ExitCode> {
+pub fn run(runs: u32, only: &[String], table: Table, keep: &Keep) -> Result<ExitCode> {
     let bin = prepare(runs)?;
     let all: Vec<Cell> = match table {
         Table::Cells => RATES_MBIT
@@ -207,8 +207,9 @@ pub fn run(runs: u32, only: &[String], table: Table) -> Result<ExitCode> {
     for cell in &cells {
         for kind in POLICIES {
             let mut runs_of: Vec<Figures> = Vec::new();
-            for _ in 0..runs {
+            for k in 1..=runs {
                 let report = lab_run(&bin, &cell.args(kind))?;
+                keep.save(&format!("{} {kind}", cell.name()), k, &report)?;
                 runs_of.extend(figures(&report, kind, table));
             }
             let m = |f: fn(&Figures) -> f64| median(runs_of.iter().map(f).collect());

@@ -74,6 +74,10 @@ enum Task {
         /// each policy's real goodput beside the replay's.
         #[arg(long, conflicts_with = "cells")]
         seed: bool,
+        /// Also write each lab run's JSON report into DIR (one file per
+        /// run, named by experiment and run), to look at a run that strayed.
+        #[arg(long, value_name = "DIR")]
+        keep: Option<std::path::PathBuf>,
         /// Only experiments whose name contains one of these.
         #[arg(last = true)]
         only: Vec<String>,
@@ -162,15 +166,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
             runs,
             cells,
             seed,
+            keep,
             only,
         } => {
             setup()?;
+            let keep = validate::Keep::new(keep)?;
             if cells {
-                cells::run(runs, &only, cells::Table::Cells)
+                cells::run(runs, &only, cells::Table::Cells, &keep)
             } else if seed {
-                cells::run(runs, &only, cells::Table::Seed)
+                cells::run(runs, &only, cells::Table::Seed, &keep)
             } else {
-                validate::run(runs, &only)
+                validate::run(runs, &only, &keep)
             }
         }
         Task::Bench => bench(),

@@ -514,7 +514,34 @@ pub(crate) fn prepare(runs: u32) -> Result<std::path::PathBuf> {
     Ok(root_dir().join("target/release/tracer"))
 }
 
-pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
+/// Where `--keep` writes each run's report, if it was given.
+pub struct Keep(Option<std::path::PathBuf>);
+
+impl Keep {
+    pub fn new(dir: Option<std::path::PathBuf>) -> Result<Self> {
+        if let Some(d) = &dir {
+            std::fs::create_dir_all(d).with_context(|| format!("--keep {}", d.display()))?;
+        }
+        Ok(Self(dir))
+    }
+
+    /// Writes run `k` of `name`'s report as `NAME-runK.json` (the name's
+    /// other characters than letters and digits as `-`).
+    pub fn save(&self, name: &str, k: u32, report: &Value) -> Result<()> {
+        let Some(dir) = &self.0 else {
+            return Ok(());
+        };
+        let slug: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .collect();
+        let path = dir.join(format!("{slug}-run{k}.json"));
+        std::fs::write(&path, serde_json::to_vec_pretty(report)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+pub fn run(runs: u32, only: &[String], keep: &Keep) -> Result<ExitCode> {
     let bin = prepare(runs)?;
     let chosen: Vec<&Experiment> = EXPERIMENTS
         .iter()
@@ -529,6 +556,7 @@ pub fn run(runs: u32, only: &[String]) -> Result<ExitCode> {
         let mut figures: Vec<Vec<f64>> = vec![Vec::new(); e.statistics.len()];
         for k in 1..=runs {
             let report = lab_run(&bin, e)?;
+            keep.save(e.name, k, &report)?;
             let values: Vec<String> = e
                 .statistics
                 .iter()
