@@ -291,6 +291,16 @@ impl<'a> Recovery<'a> {
         times.get(needed as usize - 1).copied()
     }
 
+    /// A retransmission sent at `sent` whose original arrives at `arrived`.
+    fn spurious_sent(&mut self, sent: u64, arrived: u64) -> Marked {
+        self.episode_rtx += 1;
+        self.until = self.until.max(arrived.min(sent + self.rtt));
+        self.spurious += 1;
+        self.first_rtx.get_or_insert(sent);
+        self.last_rtx = self.last_rtx.max(sent);
+        Marked::Spurious { sent }
+    }
+
     /// A segment is marked lost at `marked`; its original arrives at
     /// `original.0` with `original.1` segments received above it then (None:
     /// it was lost).
@@ -333,12 +343,7 @@ impl<'a> Recovery<'a> {
                 match self.released(self.marking.1, marked, arrived, overtakers) {
                     Some(sent) if sent < self.stop_at => {
                         self.marking.1 += 1;
-                        self.episode_rtx += 1;
-                        self.until = self.until.max(arrived.min(sent + self.rtt));
-                        self.spurious += 1;
-                        self.first_rtx.get_or_insert(sent);
-                        self.last_rtx = self.last_rtx.max(sent);
-                        Marked::Spurious { sent }
+                        self.spurious_sent(sent, arrived)
                     }
                     _ => {
                         self.until = self.until.max(arrived);
@@ -355,13 +360,8 @@ impl<'a> Recovery<'a> {
                 Marked::NotSent
             }
             (Some((arrived, _)), _) => {
-                self.episode_rtx += 1;
                 self.rtx_clock = self.next_rtx(sent);
-                self.until = self.until.max(arrived.min(sent + self.rtt));
-                self.spurious += 1;
-                self.first_rtx.get_or_insert(sent);
-                self.last_rtx = self.last_rtx.max(sent);
-                Marked::Spurious { sent }
+                self.spurious_sent(sent, arrived)
             }
             (None, _) => {
                 self.episode_rtx += 1;

@@ -119,10 +119,9 @@ impl Undone<'_> {
 /// Average goodput over `duration_s` of a window that starts as `start`,
 /// reduces at each of `reductions`, is held down during each of `undone`
 /// and restarts after each of `timeouts`. Multiplicative decrease β
-/// (CUBIC 0.7, Reno 0.5); growth
-/// per RFC 8312 §4.1 (with its TCP-friendly region) or one segment per
-/// RTT; never past what the path holds (its losses there are the trace's
-/// reductions, or the formulas').
+/// (CUBIC 0.7, Reno 0.5); growth per RFC 8312 §4.1 (with its TCP-friendly
+/// region) or one segment per RTT; never past what the path holds (its
+/// losses there are the trace's reductions, or the formulas').
 pub fn simulate(
     c: Congestion,
     path: &Path,
