@@ -1183,7 +1183,7 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
             replay: args.trace.report.replay,
             capture: false,
         };
-        print!("{}", report::lab(&snapshot, &lab_outcome, opts));
+        print!("{}", lab::report::text(&snapshot, &lab_outcome, opts));
     }
     finish(&outcome, &out.file, args.trace.report.json)
 }

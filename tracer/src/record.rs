@@ -7,7 +7,6 @@
 //! runtime whose fd stays ready never got back to its timers and signals).
 
 use std::{
-    os::fd::AsRawFd,
     sync::atomic::{AtomicI32, Ordering},
     time::{Duration, Instant},
 };
@@ -157,7 +156,7 @@ pub fn run(
             last_tick = now;
         }
         if drain(tracer, engine, sinks, &mut received, &mut decode_errors) {
-            wait_readable(tracer, POLL_TIMEOUT)?;
+            tracer.wait_readable(POLL_TIMEOUT)?;
         }
         let memory = engine.memory();
         let given_up = memory.ack_logs_shed + memory.evicted_for_memory;
@@ -190,24 +189,6 @@ pub fn run(
 const TICK: Duration = Duration::from_secs(1);
 /// Longest sleep on an empty ring: the latency of noticing `until()`.
 const POLL_TIMEOUT: Duration = Duration::from_millis(50);
-
-/// Sleeps until the ring has data, a signal arrives, or `timeout`.
-pub(crate) fn wait_readable(tracer: &mut Tracer, timeout: Duration) -> Result<()> {
-    let mut fd = libc::pollfd {
-        fd: tracer.ring().as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as i32) };
-    if n < 0 {
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(err).context("polling the ring buffer");
-        }
-    }
-    Ok(())
-}
 
 /// The collecting thread's nice value while it collects. A busy host's
 /// threads (the very uploads it watches, or a build) otherwise keep it

@@ -250,6 +250,24 @@ impl Tracer {
         &mut self.ring
     }
 
+    /// Sleeps until the ring has data, a signal arrives, or `timeout`.
+    pub fn wait_readable(&mut self, timeout: std::time::Duration) -> Result<()> {
+        let mut fd = libc::pollfd {
+            fd: self.ring.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as i32) };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err).context("polling the ring buffer");
+            }
+        }
+        Ok(())
+    }
+
     /// Detaches and unloads the programs. The ring buffer and the counters
     /// stay readable: after this nothing more arrives, so a drain gets
     /// everything and the counters are final.

@@ -36,7 +36,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 
-use super::{in_netns, ip, upload::Sent, Sender, Topology, UploadSpec, CLIENT_V4};
+use super::{
+    in_netns, ip,
+    socket::{send_here, Sent, UploadSpec},
+    Sender, Topology, CLIENT_V4,
+};
 use crate::SetupError;
 
 /// The user-mode kernel (Debian's `user-mode-linux` package).
@@ -422,7 +426,7 @@ pub fn send(order: &SendOrder) -> Result<()> {
             enough.store(true, Ordering::SeqCst);
         });
     }
-    let results = super::upload::send_here(order.to, order.flows, order.bytes, deadline, enough);
+    let results = send_here(order.to, order.flows, order.bytes, deadline, enough);
     for r in results {
         match r {
             Ok(sent) => say(&GuestLine::Flow(sent)),

@@ -21,7 +21,6 @@ use anyhow::{anyhow, Context, Result};
 use super::{Topology, CLIENT_IF, SERVER_PORT};
 use crate::{
     kernel::{Tracer, TracerOptions},
-    record,
     replay::SenderAck,
     source::{self, Flow, Observation},
 };
@@ -97,7 +96,7 @@ fn collect(mut tracer: Tracer, stop: &AtomicBool) -> Result<SenderAcks> {
     let mut out = SenderAcks::default();
     while !stop.load(Ordering::SeqCst) {
         drain(&mut tracer, &mut out);
-        record::wait_readable(&mut tracer, POLL)?;
+        tracer.wait_readable(POLL)?;
     }
     // Detached, nothing more arrives: this drain gets the rest, and the
     // counters are final.
