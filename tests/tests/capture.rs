@@ -463,7 +463,7 @@ fn clean_single_queue_upload_reports_no_reordering() {
             .find(|f| f.src == r.flow.src.to_string() && f.dst == r.flow.dst.to_string())
             .expect("flow in the snapshot");
         assert_eq!(f.reordered, 0, "{}: {}", f.flow(), f.evidence);
-        assert_eq!(f.verdict, tracer::engine::verdict::Verdict::None);
+        assert_eq!(f.verdict, tracer::snapshot::Verdict::None);
         assert_eq!(f.rx_queues.len(), 1);
         // New bytes = what the socket received; duplicates come only from
         // real retransmissions.

@@ -10,7 +10,8 @@
 use std::{hint::black_box, time::Instant};
 
 use tracer::{
-    engine::{memory::DEFAULT_MEMORY_BUDGET, Engine, EngineConfig},
+    config::DEFAULT_MEMORY_BUDGET,
+    engine::{Engine, EngineConfig},
     source::Observation,
 };
 

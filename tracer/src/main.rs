@@ -761,12 +761,12 @@ fn print_report(
             "{}",
             report::text(
                 snapshot,
-                &outcome.counters,
+                Some(&outcome.counters),
+                None,
                 outcome.elapsed,
                 header,
                 report::TextOptions {
                     replay: show_replay,
-                    capture: false,
                 },
             )
         );
@@ -853,8 +853,7 @@ fn finish(outcome: &Outcome, out: &Output, json: bool) -> Result<ExitCode> {
 
 /// `analyze`, or with `replay_only` the `replay` command.
 fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
-    use tracer::{kernel::Counters, source::capture};
-    use tracer_common::counter;
+    use tracer::source::{capture, Flow, Observation};
     let mut engine = args.report.engine()?;
     args.report.fit_memory(&mut engine)?;
     let filter = Filter::parse(args.flow.as_deref().unwrap_or(""))
@@ -878,34 +877,23 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     // Writable before the work, not after.
     let plot_file = args.plot.as_deref().map(OutputFile::open).transpose()?;
     let mut plot = args.plot.as_ref().map(|_| Plot::default());
-    let summary = capture::feed(
-        reader,
-        &mut engine,
-        |f| filter.matches((f.src.ip(), f.src.port()), (f.dst.ip(), f.dst.port())),
-        |s, c| {
-            if let Some(p) = plot.as_mut() {
-                p.segment(s, c);
-            }
-        },
-        |at| {
-            if let Some(b) = &bar {
-                b.set_position(at);
-            }
-        },
-    );
+    let mut observations = capture::Observations::new(reader, |f: &Flow| {
+        filter.matches((f.src.ip(), f.src.port()), (f.dst.ip(), f.dst.port()))
+    });
+    let mut n = 0u64;
+    while let Some(obs) = observations.next() {
+        if let (Some(b), true) = (&bar, n.is_multiple_of(65_536)) {
+            b.set_position(observations.offset());
+        }
+        n += 1;
+        if let (Some(c), Some(p), Observation::Segment(s)) = (engine.observe(&obs), &mut plot, &obs)
+        {
+            p.segment(s, c.class, c.queue_migration);
+        }
+    }
+    let summary = observations.summary();
     if let Some(b) = bar {
         b.finish_and_clear();
-    }
-    let mut counters = Counters::default();
-    for (index, n) in [
-        (counter::XDP_FRAMES, summary.packets),
-        (counter::XDP_TCP, summary.tcp),
-        (counter::XDP_NON_TCP, summary.non_tcp),
-        (counter::XDP_TRUNCATED, summary.truncated),
-        (counter::XDP_UNSUPPORTED, summary.unsupported_link),
-        (counter::XDP_FILTERED, summary.filtered),
-    ] {
-        counters.map[index as usize] = n;
     }
     // Our own traces carry the kernel's counters: the report is record's.
     let snapshot = match &summary.kernel {
@@ -936,13 +924,18 @@ fn analyze_cmd(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     } else {
         let opts = report::TextOptions {
             replay: args.report.replay,
-            capture: summary.kernel.is_none(),
         };
-        let shown = summary.kernel.as_ref().unwrap_or(&counters);
-        print!("{}", report::text(&snapshot, shown, elapsed, &header, opts));
-        if summary.kernel.is_some() {
-            print!("{}", report::capture_line(&counters));
-        }
+        print!(
+            "{}",
+            report::text(
+                &snapshot,
+                summary.kernel.as_ref(),
+                Some(&summary),
+                elapsed,
+                &header,
+                opts
+            )
+        );
         if summary.undecodable > 0 {
             println!("  WARNING    {} of this trace's kernel records did not decode (another version's, or recorded on a host of the other byte order)", summary.undecodable);
         }
@@ -1181,7 +1174,6 @@ fn lab_cmd(args: LabArgs) -> Result<ExitCode> {
     if !args.trace.report.json {
         let opts = report::TextOptions {
             replay: args.trace.report.replay,
-            capture: false,
         };
         print!("{}", lab::report::text(&snapshot, &lab_outcome, opts));
     }

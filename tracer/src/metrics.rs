@@ -197,7 +197,7 @@ impl Metrics {
         raise(&v.dropped_events, counters.dropped());
         raise(&v.queue_migrations, r.queue_migrations);
         raise(&v.cpu_migrations, r.cpu_migrations);
-        for verdict in crate::engine::verdict::Verdict::ALL {
+        for verdict in crate::snapshot::Verdict::ALL {
             let n = t.verdicts.get(&verdict).copied().unwrap_or(0);
             v.flows
                 .get_or_create(&VerdictLabel {

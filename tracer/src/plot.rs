@@ -18,8 +18,7 @@ use anyhow::{Context, Result};
 use plotters::{coord::Shift, prelude::*};
 
 use crate::{
-    engine::{order::Class, Classified},
-    snapshot::{Distribution, Snapshot},
+    snapshot::{Class, Distribution, Snapshot},
     source::{Flow, Segment},
 };
 
@@ -80,8 +79,9 @@ pub struct Plot {
 }
 
 impl Plot {
-    /// One data segment and how the engine classified it.
-    pub fn segment(&mut self, s: &Segment, c: &Classified) {
+    /// One data segment, its class, and whether it moved its flow to
+    /// another RX queue (a queue migration).
+    pub fn segment(&mut self, s: &Segment, class: Class, queue_migration: bool) {
         if s.payload_len == 0 {
             return;
         }
@@ -99,7 +99,7 @@ impl Plot {
             .min_by_key(|o| o.abs_diff(f.high))
             .unwrap_or(near);
         f.high = f.high.max(offset);
-        if c.queue_migration {
+        if queue_migration {
             f.migrations.push(s.ts_ns);
         }
         let mark = Mark {
@@ -107,11 +107,11 @@ impl Plot {
             offset,
             queue: s.rx_queue,
             cpu: s.cpu,
-            class: c.class,
+            class,
         };
         f.data_segments += 1;
         match f.zoom_until {
-            None if f.data_segments > ZOOM_AFTER && c.class == Class::Reordered => {
+            None if f.data_segments > ZOOM_AFTER && class == Class::Reordered => {
                 f.zoom_until = Some(s.ts_ns + ZOOM_NS);
                 f.zoom.extend(f.recent.drain(..));
                 f.zoom.push(mark);
@@ -125,7 +125,7 @@ impl Plot {
             Some(until) if s.ts_ns <= until && f.zoom.len() < MAX_ZOOM => f.zoom.push(mark),
             Some(_) => {}
         }
-        if c.class != Class::InOrder {
+        if class != Class::InOrder {
             if f.marked.len() < MAX_MARKED {
                 f.marked.push(mark);
             } else {
@@ -442,7 +442,7 @@ mod tests {
         let mut plot = Plot::default();
         for s in stream() {
             if let Some(c) = engine.segment(&s) {
-                plot.segment(&s, &c);
+                plot.segment(&s, c.class, c.queue_migration);
             }
         }
         let snapshot = engine.snapshot();

@@ -122,7 +122,18 @@ pub fn run(
                 break StopReason::Signal("q");
             }
             if link.due(now) {
-                link.tick(engine, &tracer.counters()?, now - start);
+                let asked = link.requests();
+                if asked.reset {
+                    engine.reset();
+                }
+                let snapshot = engine.live_snapshot(tui::SHOWN_FLOWS, asked.keep.as_ref());
+                link.sample(
+                    snapshot,
+                    engine.live(),
+                    |flow| engine.replay_of(flow),
+                    &tracer.counters()?,
+                    now - start,
+                );
             }
         }
         if now >= last_tick + TICK {

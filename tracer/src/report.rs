@@ -4,10 +4,10 @@
 use std::{fmt::Write as _, time::Duration};
 
 use crate::{
-    engine::{verdict::Verdict, Live},
     kernel::Counters,
     replay::{Replay, Source},
-    snapshot::{Distribution, FlowReport, Snapshot},
+    snapshot::{Distribution, FlowReport, Live, Snapshot, Verdict},
+    source::capture::CaptureSummary,
 };
 use tracer_common::counter;
 
@@ -63,25 +63,26 @@ pub fn json(snapshot: &Snapshot) -> String {
 /// Flows shown in the text report.
 const WORST_FLOWS: usize = 10;
 
-/// The final text report: totals, kernel counters, the worst flows.
 /// What the text report includes beyond the essentials.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct TextOptions {
     /// The sender-policy replay (experimental: see the README).
     pub replay: bool,
-    /// The segments came from a capture file: `counters` holds what the
-    /// reader counted (frames, TCP, non-TCP, truncated, unsupported link
-    /// types), not the kernel's.
-    pub capture: bool,
 }
 
+/// The final text report: totals, what counted the segments (the kernel's
+/// counters, when the trace was this tracer's, and a capture file's own
+/// counts, when read from one), the worst flows.
 pub fn text(
     s: &Snapshot,
-    counters: &Counters,
+    kernel: Option<&Counters>,
+    capture: Option<&CaptureSummary>,
     elapsed: Duration,
     header: &str,
     opts: TextOptions,
 ) -> String {
+    let none = Counters::default();
+    let counters = kernel.unwrap_or(&none);
     let mut out = String::new();
     let t = &s.totals;
     let r = &t.reordering;
@@ -93,7 +94,11 @@ pub fn text(
         out,
         "  segments   {} seen by {}{}, {} with data ({:.1} MB, {:.1} Mbit/s)",
         t.segments + summarized,
-        if opts.capture { "the capture" } else { "XDP" },
+        if kernel.is_some() {
+            "XDP"
+        } else {
+            "the capture"
+        },
         if summarized > 0 {
             format!(" ({summarized} of them counted in the kernel only: summary mode)")
         } else {
@@ -170,10 +175,15 @@ pub fn text(
         );
         replay_lines(&mut out, &s.totals.replay, "  ");
     }
-    if opts.capture {
-        out.push_str(&capture_line(counters));
-    } else {
+    if let Some(counters) = kernel {
         kernel_lines(&mut out, counters);
+    }
+    if let Some(c) = capture {
+        let _ = writeln!(
+            out,
+            "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}, filtered out {}",
+            c.packets, c.tcp, c.non_tcp, c.truncated, c.unsupported_link, c.filtered
+        );
     }
     if let Some(linux) = &s.linux {
         let _ = writeln!(out, "  linux      {}", linux.release);
@@ -217,19 +227,6 @@ pub fn text(
         let _ = writeln!(out, "    ... and {rest} more (--json has them all)");
     }
     out
-}
-
-/// What a capture file's reader counted (in `counters`' XDP slots).
-pub fn capture_line(counters: &Counters) -> String {
-    format!(
-        "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}, filtered out {}\n",
-        counters.get(counter::XDP_FRAMES),
-        counters.get(counter::XDP_TCP),
-        counters.get(counter::XDP_NON_TCP),
-        counters.get(counter::XDP_TRUNCATED),
-        counters.get(counter::XDP_UNSUPPORTED),
-        counters.get(counter::XDP_FILTERED),
-    )
 }
 
 fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions, summarized: bool) {
@@ -525,7 +522,8 @@ mod tests {
         let e = engine_with(&[(0, 0), (1, 0), (3, 1), (4, 1), (2, 0), (5, 1)]);
         let text = text(
             &e.snapshot(),
-            &Counters::default(),
+            Some(&Counters::default()),
+            None,
             Duration::from_secs(1),
             "hdr",
             TextOptions::default(),
@@ -561,7 +559,8 @@ mod tests {
         s.memory.evicted_for_memory = 2;
         let text = text(
             &s.with_resident(300 << 20),
-            &Counters::default(),
+            Some(&Counters::default()),
+            None,
             Duration::from_secs(1),
             "hdr",
             TextOptions::default(),
@@ -661,7 +660,8 @@ mod tests {
         let e = engine_with(&[(0, 0)]);
         let text = text(
             &e.snapshot(),
-            &c,
+            Some(&c),
+            None,
             Duration::from_secs(1),
             "x",
             TextOptions::default(),

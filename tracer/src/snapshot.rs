@@ -1,19 +1,16 @@
 //! The read-only view of the engine that every sink renders (report, JSON,
-//! TUI, exporters): plain, serialisable numbers, no engine internals.
+//! TUI, exporters), and its vocabulary (a segment's [`Class`], a flow's
+//! [`Verdict`]): plain, serialisable values. The engine builds it
+//! (`engine::view`); nothing here knows the engine.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::{
-    engine::{
-        order::MAX_N,
-        verdict::{self, Verdict},
-        EngineConfig, FlowState, FlowTotals, Hist, HistData, Metrics, Path, TcpLayer,
-    },
+    config::EngineConfig,
     kernel::{Counters, KernelReport},
     replay::Replay,
-    source::Flow,
 };
 
 #[derive(Clone, Debug, Serialize)]
@@ -83,47 +80,6 @@ pub struct Distribution {
     pub p99: u64,
     pub max: u64,
     pub buckets: Vec<(u64, u64)>,
-}
-
-impl Distribution {
-    pub fn of(h: &Hist) -> Self {
-        h.get().map(Self::from_histogram).unwrap_or_default()
-    }
-
-    fn from_histogram(d: &HistData) -> Self {
-        let h = &d.histogram;
-        if d.count == 0 {
-            return Self::default();
-        }
-        // Each recorded value once, in the power of two at or above it (as
-        // precise as the histogram: within 10%). (Counting between powers
-        // of two counted the histogram's sub-buckets that straddle one
-        // twice: the buckets summed to more than the count.)
-        let mut buckets: Vec<(u64, u64)> = Vec::new();
-        for v in h.iter_recorded() {
-            let value = h
-                .lowest_equivalent(v.value_iterated_to())
-                .clamp(d.min, d.max);
-            let upper = value.max(1).next_power_of_two();
-            match buckets.last_mut() {
-                Some((u, n)) if *u == upper => *n += u64::from(v.count_at_value()),
-                _ => buckets.push((upper, u64::from(v.count_at_value()))),
-            }
-        }
-        // Percentiles are within the histogram's precision; never outside
-        // what was recorded.
-        let q = |p: f64| h.value_at_quantile(p).clamp(d.min, d.max);
-        Self {
-            count: d.count,
-            min: d.min,
-            mean: d.sum as f64 / d.count as f64,
-            p50: q(0.5),
-            p90: q(0.9),
-            p99: q(0.99),
-            max: d.max,
-            buckets,
-        }
-    }
 }
 
 /// RFC 4737 §5: how many segments were n-reordered, and the degree
@@ -213,88 +169,6 @@ pub struct Reordering {
     pub cpu_migrations: u64,
     pub reordered_after_migration: u64,
     pub old_queue_late_us: Distribution,
-}
-
-impl Reordering {
-    fn of(m: &Metrics) -> Self {
-        let received = m.data_segments.saturating_sub(m.duplicates).max(1);
-        let a = m.in_order as f64;
-        let x = m.reordered as f64;
-        let p = (m.in_order + m.reordered) as f64;
-        let pairs = |map: &BTreeMap<(u32, u32), u64>| {
-            map.iter()
-                .map(|(&(from, to), &count)| Pair { from, to, count })
-                .collect()
-        };
-        let rd_n: u64 = m.rd.iter().sum();
-        let dt = m.rd.len() as i64 / 2;
-        let rbd_n: u64 = m.rbd.iter().sum();
-        Self {
-            data_segments: m.data_segments,
-            payload_bytes: m.payload_bytes,
-            in_order: m.in_order,
-            reordered: m.reordered,
-            retransmissions: m.retransmissions,
-            duplicates: m.duplicates,
-            partial_duplicates: m.partial_duplicates,
-            ambiguous: m.ambiguous,
-            above_hole: m.above_hole,
-            originals_behind_retransmission: m.originals_behind_retransmission,
-            reordered_ratio: m.reordered as f64 / received as f64,
-            n_reordering: (0..MAX_N)
-                .map(|i| NReordering {
-                    n: i + 1,
-                    count: m.late.n_reordered[i],
-                    degree: m.late.n_reordered[i] as f64 / received as f64,
-                })
-                .collect(),
-            extent: Distribution::of(&m.late.extent),
-            late_time_us: Distribution::of(&m.late.late_time_us),
-            byte_offset: Distribution::of(&m.late.byte_offset),
-            gap: Distribution::of(&m.late.gap),
-            gap_time_us: Distribution::of(&m.late.gap_time_us),
-            runs: Runs {
-                runs: m.reordered,
-                share_in_order: if p > 0.0 { a / p } else { 1.0 },
-                mean_length: if x > 0.0 { a / x } else { a },
-                spread: if a > 0.0 && x > 0.0 {
-                    (m.late.run_squares as f64 / a) / (a / x)
-                } else {
-                    0.0
-                },
-            },
-            densities: Densities {
-                rd: m
-                    .rd
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &c)| c > 0)
-                    .map(|(i, &c)| (i as i64 - dt, c as f64 / rd_n as f64))
-                    .collect(),
-                rd_beyond: m.rd_beyond,
-                rbd: m
-                    .rbd
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, &c)| c > 0)
-                    .map(|(i, &c)| (i as u64, c as f64 / rbd_n as f64))
-                    .collect(),
-            },
-            attribution: AttributionReport {
-                same_queue_same_cpu: m.late.attribution[0],
-                different_queue: m.late.attribution[1],
-                different_cpu: m.late.attribution[2],
-                different_queue_and_cpu: m.late.attribution[3],
-                steered_share: verdict::steered_share(m),
-                queue_pairs: pairs(&m.late.queue_pairs),
-                cpu_pairs: pairs(&m.late.cpu_pairs),
-            },
-            queue_migrations: m.queue_migrations,
-            cpu_migrations: m.cpu_migrations,
-            reordered_after_migration: m.late.reordered_after_migration,
-            old_queue_late_us: Distribution::of(&m.late.old_queue_late_us),
-        }
-    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -389,17 +263,6 @@ impl std::ops::Deref for FlowReport {
     }
 }
 
-/// Segments by RX queue or CPU.
-fn spread(paths: &[Path], id: impl Fn(&Path) -> u32) -> Vec<Spread> {
-    let mut by: BTreeMap<u32, u64> = BTreeMap::new();
-    for p in paths {
-        *by.entry(id(p)).or_default() += p.segments;
-    }
-    by.into_iter()
-        .map(|(id, segments)| Spread { id, segments })
-        .collect()
-}
-
 /// Segments and reorder events on one (RX queue, CPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct PathReport {
@@ -410,115 +273,99 @@ pub struct PathReport {
     pub reordered: u64,
 }
 
-fn path_reports(paths: impl Iterator<Item = Path>) -> Vec<PathReport> {
-    let mut v: Vec<PathReport> = paths
-        .map(|p| PathReport {
-            queue: p.queue,
-            cpu: p.cpu,
-            segments: p.segments,
-            reordered: p.reordered,
-        })
-        .collect();
-    v.sort_by_key(|p| (p.queue, p.cpu));
-    v
+/// A flow's verdict: what its reordering points at (`engine::verdict`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Verdict {
+    #[serde(rename = "none")]
+    None,
+    #[serde(rename = "nic-steering")]
+    NicSteering,
+    #[serde(rename = "upstream")]
+    Upstream,
+    #[serde(rename = "mixed")]
+    Mixed,
 }
 
-/// `replay`: the flow's replay, if run (the costly part).
-pub(crate) fn flow_report(
-    flow: &Flow,
-    f: &FlowState,
-    cfg: &EngineConfig,
-    replay: Option<Replay>,
-) -> FlowReport {
-    let m = f.wire_metrics().unwrap_or_default();
-    let (verdict, evidence) = verdict::judge(&m, &cfg.verdict);
-    FlowReport {
-        src: flow.src.to_string(),
-        dst: flow.dst.to_string(),
-        segments: f.segments,
-        reordering: Reordering::of(&m),
-        rx_queues: spread(&f.paths, |p| p.queue),
-        cpus: spread(&f.paths, |p| p.cpu),
-        paths: path_reports(f.paths.iter().copied()),
-        verdict,
-        evidence,
-        tcp_layer: f.tcp_layer,
-        local_retransmits: f.local_retransmits,
-        rtt_us: f.rtt_ns.map(|n| n / 1000),
-        duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
-        seq_advance_bytes: f.seq_advance(),
-        replay,
-        sender: None,
-    }
-}
+impl Verdict {
+    pub const ALL: [Verdict; 4] = [Self::NicSteering, Self::Upstream, Self::Mixed, Self::None];
 
-/// `verdicts`: flows per verdict over all tracked flows (`flows` may be
-/// only the most reordered).
-pub(crate) fn build(
-    totals: &FlowTotals,
-    flows: Vec<FlowReport>,
-    verdicts: BTreeMap<Verdict, u64>,
-    tracked: u64,
-    evicted: u64,
-    retransmit_events: u64,
-    cfg: &EngineConfig,
-) -> Snapshot {
-    let replay = Replay::total(
-        totals
-            .replay
-            .iter()
-            .chain(flows.iter().filter_map(|f| f.replay.as_ref())),
-    );
-    Snapshot {
-        totals: Totals {
-            segments: totals.segments,
-            reordering: Reordering::of(&totals.m),
-            tcp_layer: totals.tcp_layer,
-            paths: path_reports(totals.paths.iter().map(
-                |(&(queue, cpu), &(segments, reordered))| Path {
-                    queue,
-                    cpu,
-                    segments,
-                    reordered,
-                },
-            )),
-            local_retransmit_events: retransmit_events,
-            verdicts,
-            dropped_events: 0,
-            replay,
-        },
-        flows,
-        tracked_flows: tracked,
-        evicted_flows: evicted,
-        config: *cfg,
-        kernel: None,
-        linux: None,
-        peak_resident_bytes: None,
-        memory: Memory::default(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::Hist;
-
-    #[test]
-    fn distribution_buckets_count_every_value_once() {
-        let mut h = Hist::default();
-        // 1..=5000 and a run of 1024s: values on and across the powers of
-        // two, where the histogram's sub-buckets straddle them.
-        for v in (1..=5000).chain(std::iter::repeat_n(1024, 100)) {
-            h.record(v);
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::NicSteering => "nic-steering",
+            Self::Upstream => "upstream",
+            Self::Mixed => "mixed",
         }
-        let d = Distribution::of(&h);
-        assert_eq!(d.count, 5100);
-        assert_eq!(d.buckets.iter().map(|b| b.1).sum::<u64>(), 5100);
-        assert!(d.buckets.windows(2).all(|w| w[0].0 < w[1].0));
-        assert!(d.buckets.iter().all(|b| b.0.is_power_of_two()));
-        // Within the histogram's precision (one significant figure).
-        let at_most_1024: u64 = d.buckets.iter().filter(|b| b.0 <= 1024).map(|b| b.1).sum();
-        assert!((1124..=1124 + 64).contains(&at_most_1024), "{at_most_1024}");
-        assert_eq!(d.buckets.last().unwrap().0, 8192);
     }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The class of one data segment. Each segment gets exactly one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    InOrder,
+    /// A late original (RFC 4737 reordered, and not a retransmission).
+    Reordered,
+    Retransmission,
+    /// Every byte was received before (a spurious retransmission or a
+    /// network duplicate).
+    Duplicate,
+    /// Late, but the evidence does not say original or retransmission; or
+    /// data from before tracing started.
+    Ambiguous,
+}
+
+/// The TCP-layer view's counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TcpLayer {
+    pub events: u64,
+    pub payload_bytes: u64,
+    pub in_order: u64,
+    pub late: u64,
+    pub duplicates: u64,
+    /// Wire segments TCP put in its out-of-order queue, counted by the
+    /// kernel's own rule for `rcv_ooopack`: data starting after the
+    /// socket's `rcv_nxt`, `max(1, gso_segs)` per skb.
+    pub ofo_segments: u64,
+    /// Data skbs TCP then discarded by PAWS (RFC 7323 §5: a TSval older
+    /// than the socket's `ts_recent`), as `PAWSEstab` counts them. Such a
+    /// segment is lost to the receiver: reordering a segment by more than
+    /// a timestamp tick costs a retransmission.
+    pub paws_discarded: u64,
+}
+
+impl TcpLayer {
+    /// Whether this view covers (99.9% of) the `wire_bytes` XDP saw: this
+    /// kernel sometimes runs no tcp_probe program for a while without
+    /// counting a miss.
+    pub fn covers(&self, wire_bytes: u64) -> bool {
+        self.payload_bytes * 1000 >= wire_bytes * 999
+    }
+
+    pub(crate) fn add(&mut self, o: &TcpLayer) {
+        self.events += o.events;
+        self.payload_bytes += o.payload_bytes;
+        self.in_order += o.in_order;
+        self.late += o.late;
+        self.duplicates += o.duplicates;
+        self.ofo_segments += o.ofo_segments;
+        self.paws_discarded += o.paws_discarded;
+    }
+}
+
+/// Counters cheap enough to read every second.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    pub segments: u64,
+    pub payload_bytes: u64,
+    pub probes: u64,
+    pub reordered: u64,
+    pub flows: u64,
+    pub memory: Memory,
 }

@@ -30,8 +30,9 @@ use std::{
 
 use serde_json::Value;
 use tracer::{
-    engine::{order::Class, Engine, EngineConfig},
+    engine::{Engine, EngineConfig},
     kernel, lab,
+    snapshot::Class,
     source::Observation,
 };
 

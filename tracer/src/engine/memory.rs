@@ -15,9 +15,6 @@ use std::mem::size_of;
 use super::{Engine, FlowState, Hist, HistData, LateStats};
 use crate::{snapshot::Memory, source::Flow};
 
-/// What the engine may hold by default: fits a small host.
-pub const DEFAULT_MEMORY_BUDGET: u64 = 512 << 20;
-
 /// Frees an emptied map's last node (std's B-tree keeps its root when
 /// emptied: some 200 to 600 bytes a map, four maps a flow that reordered
 /// once).

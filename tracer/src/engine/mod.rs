@@ -19,13 +19,15 @@ pub mod flows;
 pub mod memory;
 pub mod order;
 pub mod verdict;
+mod view;
 
 use std::collections::BTreeMap;
 
 use hdrhistogram::Histogram;
 
+pub use crate::config::{EngineConfig, VerdictRules};
 use crate::{
-    snapshot::{self, Memory, Snapshot},
+    snapshot::{Class, Live, Memory, Snapshot, TcpLayer},
     source::{Flow, Observation, Retransmit, Segment, TcpProbe},
 };
 use density::{BufferDensity, ReorderDensity};
@@ -34,63 +36,8 @@ use flows::FlowTable;
 use crate::replay::{
     self, share::Link, FlowLog, LateOriginal, Refill, Replay, ReplayConfig, SenderAck, TcpArrival,
 };
-use order::{Arrival, Class, Late, OrderDetector, Outcome, Unwrap, MAX_N};
+use order::{Arrival, Late, OrderDetector, Outcome, Unwrap, MAX_N};
 use tracer_common::tcp_flags::{ACK, FIN, RST, SYN};
-
-/// When a reordered segment's verdict evidence counts it as steered.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct VerdictRules {
-    /// At least this many reordered segments before a flow gets a verdict
-    /// other than `none`.
-    pub min_reordered: u64,
-    /// `nic-steering`: at least this share of reordered segments was
-    /// overtaken by a segment on another RX queue or CPU (and the flow
-    /// migrated at least once).
-    pub steering_share: f64,
-    /// `upstream`: at most this share was (the rest: same queue and CPU).
-    pub upstream_share: f64,
-}
-
-impl Default for VerdictRules {
-    fn default() -> Self {
-        Self {
-            min_reordered: 1,
-            steering_share: 0.75,
-            upstream_share: 0.25,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct EngineConfig {
-    /// Flow directions tracked at once (LRU).
-    pub max_flows: usize,
-    /// RFC 5236 displacement threshold (RD) and buffer threshold (RBD).
-    pub dt: u32,
-    pub bt: u32,
-    /// A reorder "follows a migration" within this long after it.
-    pub migration_window_ns: u64,
-    pub verdict: VerdictRules,
-    pub replay: ReplayConfig,
-    /// Bytes all flows' state may hold together ([`memory`]; reported
-    /// there).
-    #[serde(skip)]
-    pub memory_budget: u64,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        Self {
-            max_flows: 65_536,
-            dt: 64,
-            bt: 64,
-            migration_window_ns: 10_000_000,
-            verdict: VerdictRules::default(),
-            replay: ReplayConfig::default(),
-            memory_budget: memory::DEFAULT_MEMORY_BUDGET,
-        }
-    }
-}
 
 /// How a reordered segment relates to the segment that overtook it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -430,44 +377,6 @@ pub struct FlowState {
     logs_weighed: u64,
 }
 
-/// The TCP-layer view's counts.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct TcpLayer {
-    pub events: u64,
-    pub payload_bytes: u64,
-    pub in_order: u64,
-    pub late: u64,
-    pub duplicates: u64,
-    /// Wire segments TCP put in its out-of-order queue, counted by the
-    /// kernel's own rule for `rcv_ooopack`: data starting after the
-    /// socket's `rcv_nxt`, `max(1, gso_segs)` per skb.
-    pub ofo_segments: u64,
-    /// Data skbs TCP then discarded by PAWS (RFC 7323 §5: a TSval older
-    /// than the socket's `ts_recent`), as `PAWSEstab` counts them. Such a
-    /// segment is lost to the receiver: reordering a segment by more than
-    /// a timestamp tick costs a retransmission.
-    pub paws_discarded: u64,
-}
-
-impl TcpLayer {
-    /// Whether this view covers (99.9% of) the `wire_bytes` XDP saw: this
-    /// kernel sometimes runs no tcp_probe program for a while without
-    /// counting a miss.
-    pub fn covers(&self, wire_bytes: u64) -> bool {
-        self.payload_bytes * 1000 >= wire_bytes * 999
-    }
-
-    fn add(&mut self, o: &TcpLayer) {
-        self.events += o.events;
-        self.payload_bytes += o.payload_bytes;
-        self.in_order += o.in_order;
-        self.late += o.late;
-        self.duplicates += o.duplicates;
-        self.ofo_segments += o.ofo_segments;
-        self.paws_discarded += o.paws_discarded;
-    }
-}
-
 impl FlowState {
     /// How far the flow's sequence numbers advanced while traced, in bytes:
     /// the data it moved, each byte once (not its retransmissions), and the
@@ -533,17 +442,6 @@ fn path(paths: &mut Paths, queue: u32, cpu: u32) -> &mut Path {
             paths.last_mut().expect("pushed")
         }
     }
-}
-
-/// Counters cheap enough to read every second.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Live {
-    pub segments: u64,
-    pub payload_bytes: u64,
-    pub probes: u64,
-    pub reordered: u64,
-    pub flows: u64,
-    pub memory: Memory,
 }
 
 pub struct Engine {
@@ -875,18 +773,17 @@ impl Engine {
     }
 
     /// For the live view: the totals, and of the flows only the `max_flows`
-    /// most reordered (then the busiest) and `keep` (`src -> dst`), without
-    /// replays. The whole report of 20,000 flows takes ~190 ms to build.
-    pub fn live_snapshot(&self, max_flows: usize, keep: Option<&str>) -> Snapshot {
+    /// most reordered (then the busiest) and `keep`, without replays. The
+    /// whole report of 20,000 flows takes ~190 ms to build.
+    pub fn live_snapshot(&self, max_flows: usize, keep: Option<&Flow>) -> Snapshot {
         self.snapshot_with(false, max_flows, keep)
     }
 
-    /// One flow's replay (`src -> dst` as the snapshot spells them).
-    pub fn replay_of(&self, src: &str, dst: &str) -> Option<Replay> {
+    /// One tracked flow's replay (none before it carried data).
+    pub fn replay_of(&self, flow: &Flow) -> Option<Replay> {
         self.flows
-            .iter()
-            .find(|(flow, _)| flow.src.to_string() == src && flow.dst.to_string() == dst)
-            .and_then(|(_, f)| f.replay(&self.cfg.replay, &self.link))
+            .peek(flow)
+            .and_then(|f| f.replay(&self.cfg.replay, &self.link))
     }
 
     /// Forgets everything seen so far (the same configuration).
@@ -897,7 +794,7 @@ impl Engine {
     // (Out of line: inlined next to the per-segment path, it cost that
     // path a fifth of its speed in the benchmark.)
     #[inline(never)]
-    fn snapshot_with(&self, replay: bool, max_flows: usize, keep: Option<&str>) -> Snapshot {
+    fn snapshot_with(&self, replay: bool, max_flows: usize, keep: Option<&Flow>) -> Snapshot {
         let mut totals = (*self.retired.totals).clone();
         if !replay {
             // Without the tracked flows' replays, the evicted ones' would
@@ -909,7 +806,7 @@ impl Engine {
         let mut verdicts = BTreeMap::new();
         for (flow, f) in self.flows.iter() {
             totals.add_flow(f);
-            let v = f.wire.as_ref().map_or(verdict::Verdict::None, |w| {
+            let v = f.wire.as_ref().map_or(crate::snapshot::Verdict::None, |w| {
                 verdict::of(&w.m, &self.cfg.verdict)
             });
             *verdicts.entry(v).or_default() += 1;
@@ -928,7 +825,7 @@ impl Engine {
                 shown[max_flows..]
                     .iter()
                     .copied()
-                    .find(|(flow, _)| format!("{} -> {}", flow.src, flow.dst) == k)
+                    .find(|(flow, _)| *flow == k)
             });
             shown.truncate(max_flows);
             shown.extend(kept);
@@ -941,7 +838,7 @@ impl Engine {
                 } else {
                     None
                 };
-                snapshot::flow_report(flow, f, &self.cfg, r)
+                view::flow_report(flow, f, &self.cfg, r)
             })
             .collect();
         flows.sort_by(|a, b| {
@@ -953,7 +850,7 @@ impl Engine {
         });
         Snapshot {
             memory: self.memory(),
-            ..snapshot::build(
+            ..view::build(
                 &totals,
                 flows,
                 verdicts,

@@ -13,6 +13,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::memory::give_back;
+use crate::snapshot::Class;
 
 /// 32-bit TCP sequence numbers become 64-bit values that never wrap: each is
 /// placed within 2^31 of a reference (serial-number arithmetic, RFC 1982).
@@ -57,22 +58,6 @@ pub struct Arrival {
     /// The TCP timestamp echo reply (TSecr) sent with it.
     pub tsecr: Option<u32>,
     pub ip_id: Option<u16>,
-}
-
-/// The class of one data segment. Each segment gets exactly one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Class {
-    InOrder,
-    /// A late original (RFC 4737 reordered, and not a retransmission).
-    Reordered,
-    Retransmission,
-    /// Every byte was received before (a spurious retransmission or a
-    /// network duplicate).
-    Duplicate,
-    /// Late, but the evidence does not say original or retransmission; or
-    /// data from before tracing started.
-    Ambiguous,
 }
 
 /// Why a late segment got its class.

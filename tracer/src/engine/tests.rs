@@ -1,8 +1,8 @@
 //! The engine on synthetic streams with known queue/CPU histories.
 
 use super::*;
+use crate::snapshot::Verdict;
 use crate::source::{Segment, TcpProbe};
-use verdict::Verdict;
 
 const MSS: u32 = 1000;
 
@@ -440,7 +440,7 @@ fn distributions_keep_large_values() {
     for v in [1, 1448, 130_320, 2_000_000] {
         h.record(v);
     }
-    let d = crate::snapshot::Distribution::of(&h);
+    let d = super::view::distribution(&h);
     // Count, extremes and mean exact; percentiles within 10%.
     assert_eq!((d.count, d.min, d.max), (4, 1, 2_000_000));
     assert_eq!(d.mean, (1.0 + 1448.0 + 130_320.0 + 2_000_000.0) / 4.0);
@@ -527,7 +527,7 @@ fn the_live_snapshot_keeps_the_most_reordered_flows_and_the_selected_one() {
         .find(|f| f.reordered == 0)
         .unwrap()
         .flow();
-    let s = e.live_snapshot(2, Some(&quiet));
+    let s = e.live_snapshot(2, Some(&quiet.parse().unwrap()));
     let reordered: Vec<u64> = s.flows.iter().map(|f| f.reordered).collect();
     assert_eq!(reordered, [4, 3, 0]);
     assert_eq!(s.flows[2].flow(), quiet);

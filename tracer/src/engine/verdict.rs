@@ -16,38 +16,8 @@
 //! * `upstream`: that share is at most `upstream_share` (0.25);
 //! * `mixed`: anything between.
 
-use super::{Metrics, VerdictRules};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub enum Verdict {
-    #[serde(rename = "none")]
-    None,
-    #[serde(rename = "nic-steering")]
-    NicSteering,
-    #[serde(rename = "upstream")]
-    Upstream,
-    #[serde(rename = "mixed")]
-    Mixed,
-}
-
-impl Verdict {
-    pub const ALL: [Verdict; 4] = [Self::NicSteering, Self::Upstream, Self::Mixed, Self::None];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::NicSteering => "nic-steering",
-            Self::Upstream => "upstream",
-            Self::Mixed => "mixed",
-        }
-    }
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use super::Metrics;
+use crate::{config::VerdictRules, snapshot::Verdict};
 
 /// The share of reordered segments overtaken on another queue or CPU.
 pub fn steered_share(m: &Metrics) -> f64 {

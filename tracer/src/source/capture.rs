@@ -657,11 +657,11 @@ fn ethernet_frame(p: &Packet) -> Result<std::borrow::Cow<'_, [u8]>, Skip> {
     }
 }
 
-/// What a capture held, as [`feed`] read it.
+/// What a capture held, as [`Observations`] read it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CaptureSummary {
     pub packets: u64,
-    /// Fed to the engine.
+    /// TCP segments (and our traces' kernel records) passed on.
     pub tcp: u64,
     pub non_tcp: u64,
     pub truncated: u64,
@@ -678,77 +678,93 @@ pub struct CaptureSummary {
     pub kernel: Option<Counters>,
     /// The kernel our trace was recorded on.
     pub linux: Option<KernelReport>,
-    /// Where the file stopped making sense (what came before was fed).
+    /// Where the file stopped making sense (what came before was passed
+    /// on).
     pub error: Option<CaptureError>,
 }
 
-/// Feeds every TCP segment of `reader` (and our traces' kernel records)
-/// whose flow `keep` passes to `engine`, in file order; `classified` hears
-/// each segment with the engine's verdict on it, `progress` the bytes read
-/// every 65,536 items.
-pub fn feed<R: Read>(
-    mut reader: CaptureReader<R>,
-    engine: &mut crate::engine::Engine,
-    keep: impl Fn(&Flow) -> bool,
-    mut classified: impl FnMut(&Segment, &crate::engine::Classified),
-    mut progress: impl FnMut(u64),
-) -> CaptureSummary {
-    let mut s = CaptureSummary::default();
-    let mut items = 0u64;
-    while let Some(item) = reader.next_item() {
-        if items.is_multiple_of(65_536) {
-            progress(reader.offset());
-        }
-        items += 1;
-        let p = match item {
-            Ok(Item::Packet(p)) => p,
-            Ok(Item::Record(obs)) => {
-                let obs = *obs;
-                let segment = matches!(obs, Observation::Segment(_));
-                if !keep(&obs.flow()) {
-                    s.filtered += u64::from(segment);
-                } else {
-                    s.tcp += u64::from(segment);
-                    if let (Some(c), Observation::Segment(seg)) = (engine.observe(&obs), &obs) {
-                        classified(seg, &c);
-                    }
-                }
-                continue;
-            }
-            Ok(Item::Counters(c)) => {
-                s.kernel = Some(*c);
-                continue;
-            }
-            Ok(Item::Undecodable) => {
-                s.undecodable += 1;
-                continue;
-            }
-            Err(e) => {
-                s.error = Some(e);
-                break;
-            }
-        };
-        s.packets += 1;
-        s.queues |= p.queue.is_some();
-        if s.packets == 1 {
-            s.first_ns = p.ts_ns;
-        }
-        s.last_ns = s.last_ns.max(p.ts_ns);
-        match segment(&p) {
-            Ok(seg) if !keep(&seg.flow) => s.filtered += 1,
-            Ok(seg) => {
-                s.tcp += 1;
-                if let Some(c) = engine.segment(&seg) {
-                    classified(&seg, &c);
-                }
-            }
-            Err(Skip::NotTcp) => s.non_tcp += 1,
-            Err(Skip::Truncated) => s.truncated += 1,
-            Err(Skip::LinkType(_)) => s.unsupported_link += 1,
+/// A capture's observations in file order: every TCP segment (and our
+/// traces' kernel records) whose flow `keep` passes; what the file held is
+/// counted on the way ([`Observations::summary`]).
+pub struct Observations<R: Read, K: Fn(&Flow) -> bool> {
+    reader: CaptureReader<R>,
+    keep: K,
+    summary: CaptureSummary,
+}
+
+impl<R: Read, K: Fn(&Flow) -> bool> Observations<R, K> {
+    pub fn new(reader: CaptureReader<R>, keep: K) -> Self {
+        Self {
+            reader,
+            keep,
+            summary: CaptureSummary::default(),
         }
     }
-    s.linux = reader.linux;
-    s
+
+    /// Bytes of the file read so far.
+    pub fn offset(&self) -> u64 {
+        self.reader.offset()
+    }
+
+    /// What the file held (all of it once the iterator has ended).
+    pub fn summary(mut self) -> CaptureSummary {
+        self.summary.linux = self.reader.linux.take();
+        self.summary
+    }
+}
+
+impl<R: Read, K: Fn(&Flow) -> bool> Iterator for Observations<R, K> {
+    type Item = Observation;
+
+    fn next(&mut self) -> Option<Observation> {
+        let s = &mut self.summary;
+        if s.error.is_some() {
+            return None;
+        }
+        while let Some(item) = self.reader.next_item() {
+            let p = match item {
+                Ok(Item::Packet(p)) => p,
+                Ok(Item::Record(obs)) => {
+                    let segment = u64::from(matches!(*obs, Observation::Segment(_)));
+                    if (self.keep)(&obs.flow()) {
+                        s.tcp += segment;
+                        return Some(*obs);
+                    }
+                    s.filtered += segment;
+                    continue;
+                }
+                Ok(Item::Counters(c)) => {
+                    s.kernel = Some(*c);
+                    continue;
+                }
+                Ok(Item::Undecodable) => {
+                    s.undecodable += 1;
+                    continue;
+                }
+                Err(e) => {
+                    s.error = Some(e);
+                    return None;
+                }
+            };
+            s.packets += 1;
+            s.queues |= p.queue.is_some();
+            if s.packets == 1 {
+                s.first_ns = p.ts_ns;
+            }
+            s.last_ns = s.last_ns.max(p.ts_ns);
+            match segment(&p) {
+                Ok(seg) if !(self.keep)(&seg.flow) => s.filtered += 1,
+                Ok(seg) => {
+                    s.tcp += 1;
+                    return Some(Observation::Segment(seg));
+                }
+                Err(Skip::NotTcp) => s.non_tcp += 1,
+                Err(Skip::Truncated) => s.truncated += 1,
+                Err(Skip::LinkType(_)) => s.unsupported_link += 1,
+            }
+        }
+        None
+    }
 }
 
 #[cfg(test)]

@@ -34,6 +34,22 @@ impl std::fmt::Display for Flow {
     }
 }
 
+/// `src -> dst`, as a flow displays (and the snapshot names it).
+impl std::str::FromStr for Flow {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (src, dst) = s
+            .split_once(" -> ")
+            .ok_or_else(|| format!("{s:?} is not `SRC -> DST`"))?;
+        let addr = |a: &str| a.parse().map_err(|e| format!("{a:?}: {e}"));
+        Ok(Flow {
+            src: addr(src)?,
+            dst: addr(dst)?,
+        })
+    }
+}
+
 /// A TCP segment seen by XDP on the traced interface.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Segment {

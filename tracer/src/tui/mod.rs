@@ -1,11 +1,14 @@
 //! The live view (`tracer live`, `tracer lab --live`): a full-screen
 //! terminal UI over samples of the engine.
 //!
-//! The collector owns the engine and, four times a second, hands a sample
-//! (a [`Snapshot`], the rates, and the flows' replays as last taken: at
-//! most one flow replayed per sample, the selected one first, each at most
-//! once a second) to the screen's thread through a channel that never
-//! blocks it: a sample the screen has not taken yet is dropped.
+//! The collection loop owns the engine. Four times a second it asks the
+//! [`Link`] what the screen wants ([`Requests`]: start over, keep the
+//! selected flow), carries that out, and hands the link a [`Snapshot`] and
+//! a way to replay one flow by its key; the link adds the rates and the
+//! flows' replays as last taken (at most one flow replayed per sample, the
+//! selected one first, each at most once a second) and passes the sample
+//! to the screen's thread through a channel that never blocks it: a
+//! sample the screen has not taken yet is dropped.
 //! The screen's thread owns the terminal (restored on exit, on error and on
 //! panic), draws with [`render`] (a pure function of the sample and the
 //! [`ViewState`]) and sends back what keys ask: quit, reset, the selected
@@ -37,7 +40,12 @@ use ratatui::{backend::CrosstermBackend, Terminal};
 pub use render::{render, MIN_HEIGHT, MIN_WIDTH};
 pub use view::{Action, Sort, ViewState};
 
-use crate::{engine::Engine, kernel::Counters, replay::Replay, snapshot::Snapshot};
+use crate::{
+    kernel::Counters,
+    replay::Replay,
+    snapshot::{Live, Snapshot},
+    source::Flow,
+};
 
 /// A sender's address and what to call its flows.
 pub type SenderName = (std::net::IpAddr, String);
@@ -45,7 +53,7 @@ pub type SenderName = (std::net::IpAddr, String);
 /// How often the collector samples and the screen redraws.
 pub const FRAME: Duration = Duration::from_millis(250);
 /// Flows a sample carries (the most reordered; the screen shows fewer).
-const MAX_SHOWN_FLOWS: usize = 200;
+pub const SHOWN_FLOWS: usize = 200;
 /// How often the selected flow is replayed (the costly part).
 const REPLAY_EVERY: Duration = Duration::from_secs(1);
 
@@ -89,6 +97,18 @@ pub struct Link {
     replays: std::collections::HashMap<String, (Replay, Instant)>,
     senders: Vec<SenderName>,
     next_sample: Instant,
+    /// When the collection loop last asked for [`Requests`]: a sample's
+    /// cost is measured from then.
+    asked: Instant,
+}
+
+/// What the screen asks of the collection loop before a sample.
+#[derive(Debug, Default, PartialEq)]
+pub struct Requests {
+    /// Start the counters over (the engine's, then the rates).
+    pub reset: bool,
+    /// The selected flow: the sample keeps it whatever its rank.
+    pub keep: Option<Flow>,
 }
 
 impl Link {
@@ -103,23 +123,34 @@ impl Link {
         now >= self.next_sample
     }
 
-    /// Takes a sample of `engine` for the screen (and first starts the
-    /// counters over if the screen asked).
-    pub fn tick(&mut self, engine: &mut Engine, counters: &Counters, elapsed: Duration) {
-        let started = Instant::now();
-        self.sample(engine, counters, elapsed);
-        let cost = started.elapsed();
-        self.next_sample = Instant::now() + FRAME.max(cost * 9);
-    }
-
-    fn sample(&mut self, engine: &mut Engine, counters: &Counters, elapsed: Duration) {
-        if self.control.reset.swap(false, Ordering::SeqCst) {
-            engine.reset();
+    /// What the screen asks before the next sample (a reset is asked
+    /// once).
+    pub fn requests(&mut self) -> Requests {
+        self.asked = Instant::now();
+        let reset = self.control.reset.swap(false, Ordering::SeqCst);
+        if reset {
             self.rates_from = None;
             self.replays.clear();
         }
+        let selected = self.control.selected.lock().expect("not poisoned").clone();
+        Requests {
+            reset,
+            keep: selected.and_then(|s| s.parse().ok()),
+        }
+    }
+
+    /// Hands the screen a sample: `snapshot` (without replays, the flows
+    /// [`Requests`] asked to keep) and `live` from the engine, and
+    /// `replay_of`, which the link calls for at most one flow.
+    pub fn sample(
+        &mut self,
+        mut snapshot: Snapshot,
+        live: Live,
+        replay_of: impl FnOnce(&Flow) -> Option<Replay>,
+        counters: &Counters,
+        elapsed: Duration,
+    ) {
         let now = Instant::now();
-        let live = engine.live();
         // With what summary mode counted in the kernel only.
         let (kept, kept_bytes) = counters.summarized();
         let totals = (live.segments + kept, live.payload_bytes + kept_bytes);
@@ -135,11 +166,8 @@ impl Link {
         };
         self.rates_from = Some((now, totals));
         let selected = self.control.selected.lock().expect("not poisoned").clone();
-        let mut snapshot = engine
-            .live_snapshot(MAX_SHOWN_FLOWS, selected.as_deref())
-            .with_kernel(counters)
-            .name_senders(&self.senders);
-        self.replay_one(engine, &snapshot, selected.as_deref(), now);
+        snapshot = snapshot.with_kernel(counters).name_senders(&self.senders);
+        self.replay_one(replay_of, &snapshot, selected.as_deref(), now);
         for f in &mut snapshot.flows {
             f.replay = self.replays.get(&f.flow()).map(|(r, _)| r.clone());
         }
@@ -153,6 +181,8 @@ impl Link {
         };
         // The screen has not taken the last one: this one waits no more.
         let _ = self.tx.try_send(Message::Sample(Box::new(sample)));
+        let cost = self.asked.elapsed();
+        self.next_sample = Instant::now() + FRAME.max(cost * 9);
     }
 
     /// Replays one flow of `shown` (the selected flow first) whose replay
@@ -160,7 +190,7 @@ impl Link {
     /// replays of flows no longer shown.
     fn replay_one(
         &mut self,
-        engine: &Engine,
+        replay_of: impl FnOnce(&Flow) -> Option<Replay>,
         shown: &Snapshot,
         selected: Option<&str>,
         now: Instant,
@@ -182,9 +212,7 @@ impl Link {
                     .cloned()
             });
         let Some(flow) = due else { return };
-        let replay = flow
-            .split_once(" -> ")
-            .and_then(|(src, dst)| engine.replay_of(src, dst));
+        let replay = flow.parse().ok().and_then(|f: Flow| replay_of(&f));
         match replay {
             Some(r) => {
                 self.replays.insert(flow, (r, now));
@@ -239,6 +267,7 @@ pub fn start(source: String, senders: Vec<SenderName>) -> Result<(Link, Screen)>
         replays: Default::default(),
         senders,
         next_sample: Instant::now() + FRAME,
+        asked: Instant::now(),
     };
     Ok((link, Screen { thread }))
 }
@@ -330,8 +359,8 @@ pub(crate) mod tests {
 
     use super::*;
     use crate::{
-        engine::EngineConfig,
-        source::{Flow, Segment},
+        engine::{Engine, EngineConfig},
+        source::Segment,
     };
 
     /// Two flows: one moved between queues and CPUs with segments left
@@ -519,9 +548,22 @@ pub(crate) mod tests {
             replays: Default::default(),
             senders: vec![("10.0.0.1".parse().unwrap(), "classic".into())],
             next_sample: Instant::now(),
+            asked: Instant::now(),
         };
+        // What the collection loop does each sample.
         let mut take = |link: &mut Link| {
-            link.tick(&mut engine, &Counters::default(), Duration::from_secs(1));
+            let asked = link.requests();
+            if asked.reset {
+                engine.reset();
+            }
+            let snapshot = engine.live_snapshot(SHOWN_FLOWS, asked.keep.as_ref());
+            link.sample(
+                snapshot,
+                engine.live(),
+                |f| engine.replay_of(f),
+                &Counters::default(),
+                Duration::from_secs(1),
+            );
             match rx.try_recv() {
                 Ok(Message::Sample(s)) => *s,
                 _ => panic!("no sample"),
