@@ -51,7 +51,7 @@ pub fn traced_lab(
     let mut opts = TracerOptions::new(iface);
     opts.netns = Some(ns.clone());
     opts.xdp_mode = mode;
-    opts.filter = tracer::Filter::parse(filter)?;
+    opts.filter = tracer::filter::Filter::parse(filter)?;
     opts.ring_bytes = RING_BYTES;
     let tracer = Tracer::attach(&opts)?;
     Ok((lab, tracer))

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use tests::{record_until_over, record_upload_into, root_or_skip};
 use tracer::{
+    filter::Filter,
     kernel::{self, AttachedMode, Tracer, TracerOptions, XdpModeChoice},
     lab::{self, Lab, LabSpec, Mode, Pattern, Upload, UploadSpec},
     record::Sink,
     source::{Observation, Raw},
-    Filter,
 };
 use tracer_common::counter::*;
 

@@ -26,7 +26,6 @@ pub mod source;
 pub mod tui;
 
 pub use error::{require_root, SetupError};
-pub use filter::Filter;
 
 /// The compiled eBPF object, built by build.rs.
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tracer"));

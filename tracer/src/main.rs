@@ -11,6 +11,7 @@ use anyhow::{anyhow, Result};
 use clap::{Args, Parser, Subcommand};
 use tracer::{
     engine::{Engine, EngineConfig},
+    filter::Filter,
     jsonl::JsonLines,
     kernel::{Tracer, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
@@ -21,7 +22,7 @@ use tracer::{
     record::{self, Outcome, RecordOptions, Sink, StopReason},
     report,
     snapshot::Snapshot,
-    tui, Filter, SetupError,
+    tui, SetupError,
 };
 use tracer_common::CAPTURE_MAX;
 

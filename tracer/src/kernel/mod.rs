@@ -20,7 +20,10 @@ use aya::{
 };
 use tracer_common::{counter, CounterBlock, FilterConfig, PortSet, FILTER_ADDRS, FILTER_PORTS};
 
-use crate::{filter::trie_key, Filter, SetupError};
+use crate::{
+    filter::{trie_key, Filter},
+    SetupError,
+};
 pub use features::{KernelFeatures, KernelReport};
 use netns::NetnsGuard;
 
