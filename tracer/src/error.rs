@@ -47,7 +47,7 @@ impl fmt::Display for SetupError {
                 f,
                 "cannot enter network namespace '{name}': {reason} (list them with `ip netns list`)"
             ),
-            Self::BadFilter(why) => write!(f, "bad --filter: {why}"),
+            Self::BadFilter(why) => write!(f, "bad flow filter: {why}"),
             Self::BadOutput { path, reason } => {
                 write!(f, "cannot write output file '{path}': {reason}")
             }

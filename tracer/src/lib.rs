@@ -7,6 +7,7 @@
 //! ([`report`], [`pcapng`], [`jsonl`], [`tui`]). [`lab`] builds
 //! self-contained test networks.
 
+pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;

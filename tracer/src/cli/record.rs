@@ -1,0 +1,34 @@
+//! `record` and `live`: trace an interface until Ctrl-C or `--duration`.
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+
+use super::{
+    flags::{filter, seconds, RecordArgs},
+    run::{traced_on, Outputs, Run},
+};
+
+pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
+    let filter = filter("--filter", args.filter.as_deref())?;
+    let duration = args
+        .duration
+        .map(|d| seconds("--duration", d))
+        .transpose()?;
+    let opts = args.trace.tracer_options(args.iface, args.netns, filter)?;
+    let engine = args.trace.report.engine()?;
+    crate::require_root()?;
+    let out = Outputs::open(&args.trace)?;
+    let mut run = Run::start(opts, out, engine, &args.trace)?;
+    let tracer = run.tracer();
+    eprintln!(
+        "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
+        traced_on(&tracer.iface, tracer.netns.as_deref()),
+        tracer.mode
+    );
+    run.watch(live, Vec::new())?;
+    let outcome = run.collect(|| false, duration, args.trace.quiet);
+    let ended = run.end(outcome)?;
+    ended.report(&ended.snapshot(), &args.trace.report, None);
+    ended.finish(args.trace.report.json)
+}

@@ -1,0 +1,419 @@
+//! One tracing run, as `record`, `live` and `lab` share it: the outputs
+//! opened before anything is attached, attach, the trace file begun, the
+//! live screen, the collection loop, detach, the report and the closing
+//! lines with the exit code.
+
+use std::{io::IsTerminal, process::ExitCode, time::Duration};
+
+use anyhow::{anyhow, Result};
+
+use super::flags::{metrics_addr, ReportArgs, TraceArgs};
+use crate::{
+    engine::Engine,
+    jsonl::JsonLines,
+    kernel::{KernelReport, Tracer, TracerOptions},
+    metrics::Metrics,
+    output::OutputFile,
+    pcapng::{self, PcapngWriter},
+    record::{self, Outcome, RecordOptions, Sink, StopReason},
+    report,
+    snapshot::Snapshot,
+    tui, SetupError,
+};
+use tracer_common::CAPTURE_MAX;
+
+/// A run attached and collecting: the tracer, the engine it feeds, the
+/// outputs and the live screen.
+pub(super) struct Run {
+    tracer: Option<Tracer>,
+    pub engine: Engine,
+    out: Outputs,
+    screen: LiveScreen,
+    opts: TracerOptions,
+    linux: Option<KernelReport>,
+}
+
+/// A run that has ended: what it collected, ready to report.
+pub(super) struct Ended {
+    pub engine: Engine,
+    pub outcome: Outcome,
+    out: Outputs,
+    linux: Option<KernelReport>,
+    /// The report's first line.
+    pub header: String,
+}
+
+impl Run {
+    /// Attaches with `opts` (the trace file's snaplen added), gives the
+    /// engine its share of the memory budget, begins the trace file and
+    /// says what the kernel lacks.
+    pub fn start(
+        opts: TracerOptions,
+        mut out: Outputs,
+        mut engine: Engine,
+        trace: &TraceArgs,
+    ) -> Result<Self> {
+        let opts = TracerOptions {
+            snaplen: out.file.snaplen(trace),
+            ..opts
+        };
+        let tracer = Tracer::attach(&opts)?;
+        trace.report.fit_memory(&mut engine)?;
+        out.file.begin(&tracer, trace)?;
+        for m in tracer.kernel.missing() {
+            eprintln!("tracer: Linux {}: {m}", tracer.kernel.release);
+        }
+        Ok(Self {
+            tracer: Some(tracer),
+            engine,
+            out,
+            screen: LiveScreen(None),
+            opts,
+            linux: None,
+        })
+    }
+
+    /// With `live` and a terminal, the live screen from here on (naming
+    /// `senders`' flows); nothing may print to the terminal after.
+    pub fn watch(&mut self, live: bool, senders: Vec<tui::SenderName>) -> Result<()> {
+        self.screen = LiveScreen::open(live, self.tracer(), senders)?;
+        Ok(())
+    }
+
+    pub fn tracer(&self) -> &Tracer {
+        self.tracer.as_ref().expect("attached until stop")
+    }
+
+    /// Collects until `until`, `duration` or a signal (progress lines
+    /// unless `quiet` or the screen shows it); detached after.
+    pub fn collect(
+        &mut self,
+        until: impl FnMut() -> bool,
+        duration: Option<Duration>,
+        quiet: bool,
+    ) -> Result<Outcome> {
+        let mut sinks: Vec<&mut dyn Sink> = self.out.file.sink().into_iter().collect();
+        let live = self.screen.link();
+        record::run(
+            self.tracer.as_mut().expect("attached until stop"),
+            &mut self.engine,
+            &mut sinks,
+            until,
+            RecordOptions {
+                duration,
+                // The screen shows what the progress line would.
+                progress: !quiet && live.is_none(),
+                live,
+                metrics: self.out.metrics.as_ref(),
+            },
+        )
+    }
+
+    /// Lets go of the kernel (programs, maps): before a lab takes its
+    /// network down.
+    pub fn stop(&mut self) {
+        if let Some(tracer) = self.tracer.take() {
+            self.linux = Some(tracer.kernel.report());
+        }
+    }
+
+    /// The end: the kernel let go, the screen told how the collection
+    /// ended (a finished one stays until `q`) and closed.
+    pub fn end(mut self, outcome: Result<Outcome>) -> Result<Ended> {
+        self.stop();
+        let outcome = self.screen.close(outcome)?;
+        Ok(Ended {
+            header: header(&self.opts, &outcome),
+            engine: self.engine,
+            outcome,
+            out: self.out,
+            linux: self.linux,
+        })
+    }
+}
+
+impl Ended {
+    /// The engine's snapshot with the kernel's counters, release and the
+    /// collector's peak memory (every flow replayed: the costly part).
+    pub fn snapshot(&self) -> Snapshot {
+        self.engine
+            .snapshot()
+            .with_kernel(&self.outcome.counters)
+            .with_linux(self.linux.clone())
+            .with_resident(self.outcome.peak_resident_bytes)
+    }
+
+    /// The final report, text or JSON; `extra` is added to the JSON's top
+    /// level.
+    pub fn report(
+        &self,
+        snapshot: &Snapshot,
+        flags: &ReportArgs,
+        extra: Option<(&str, serde_json::Value)>,
+    ) {
+        if flags.json {
+            let mut v = serde_json::to_value(snapshot).expect("snapshot serialises");
+            if let Some((key, value)) = extra {
+                v[key] = value;
+            }
+            println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+        } else {
+            print!(
+                "{}",
+                report::text(
+                    snapshot,
+                    Some(&self.outcome.counters),
+                    None,
+                    self.outcome.elapsed,
+                    &self.header,
+                    report::TextOptions {
+                        replay: flags.replay,
+                    },
+                )
+            );
+        }
+    }
+
+    /// Final lines shared by every command (stderr when stdout is JSON), and
+    /// the exit code.
+    pub fn finish(&self, json: bool) -> Result<ExitCode> {
+        let (outcome, out) = (&self.outcome, &self.out.file);
+        let say = |line: String| {
+            if json {
+                eprintln!("{}", line.trim_start());
+            } else {
+                println!("{line}");
+            }
+        };
+        if outcome.decode_errors > 0 || outcome.missing() > 0 {
+            say(format!(
+                "  WARNING    {} records did not decode, {} emitted records were not read",
+                outcome.decode_errors,
+                outcome.missing()
+            ));
+        }
+        match out {
+            Output::None | Output::Pending { .. } => {}
+            Output::Jsonl(j) => say(format!(
+                "  wrote      {} observations (JSON lines)",
+                j.written()
+            )),
+            Output::Pcapng(p) => {
+                let (packets, records) = p.written();
+                say(format!(
+                    "  wrote      {} ({packets} packets, {records} TCP-layer records; pcapng)",
+                    p.path().display()
+                ));
+                if let Some(failure) = p.failure() {
+                    // The report above stands; the trace is incomplete.
+                    return Err(anyhow!(failure));
+                }
+            }
+        }
+        if outcome.stop == StopReason::InterfaceGone {
+            // The report above covers what came before.
+            return Err(anyhow!(
+                "the traced interface went away after {:.1} s (deleted, or its network namespace was): tracing stopped there; the report covers what came before",
+                outcome.elapsed.as_secs_f64(),
+            ));
+        }
+        Ok(if outcome.counters.dropped() > 0 {
+            ExitCode::from(3)
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+}
+
+/// `--out`: the trace file, by its extension. Opened before anything is
+/// attached; written from when the tracer is.
+enum Output {
+    None,
+    Pending { file: OutputFile, pcapng: bool },
+    Jsonl(JsonLines),
+    Pcapng(PcapngWriter),
+}
+
+impl Output {
+    /// Opens it (not yet truncated), so that bad paths fail first.
+    fn open(trace: &TraceArgs) -> Result<Self> {
+        let Some(path) = trace.out.as_deref() else {
+            if trace.snaplen.is_some() {
+                return Err(SetupError::BadArgument(
+                    "--snaplen applies to a pcapng trace: add --out FILE.pcapng".into(),
+                )
+                .into());
+            }
+            return Ok(Self::None);
+        };
+        let pcapng = match path.extension().and_then(|e| e.to_str()).unwrap_or("") {
+            "pcapng" => true,
+            "jsonl" => false,
+            _ => {
+                return Err(SetupError::BadArgument(format!(
+                    "--out {}: name the file FILE.pcapng (a trace for Wireshark and `tracer analyze`) or FILE.jsonl (JSON lines)",
+                    path.display()
+                ))
+                .into())
+            }
+        };
+        match trace.snaplen {
+            Some(_) if !pcapng => {
+                return Err(SetupError::BadArgument(
+                    "--snaplen applies to a pcapng trace, not JSON lines".into(),
+                )
+                .into())
+            }
+            Some(n) if !(1..=CAPTURE_MAX as u32).contains(&n) => {
+                return Err(SetupError::BadArgument(format!(
+                    "--snaplen {n}: give 1 to {CAPTURE_MAX} bytes"
+                ))
+                .into())
+            }
+            _ => {}
+        }
+        Ok(Self::Pending {
+            file: OutputFile::open(path)?,
+            pcapng,
+        })
+    }
+
+    /// What XDP copies of each frame ([`TracerOptions::snaplen`]).
+    fn snaplen(&self, trace: &TraceArgs) -> u32 {
+        match self {
+            // At least the headers: 1 byte asks for exactly them.
+            Self::Pending { pcapng: true, .. } => trace.snaplen.unwrap_or(1),
+            _ => 0,
+        }
+    }
+
+    /// Once attached: the file is emptied and the writer starts (pcapng:
+    /// its headers, naming the traced interface).
+    fn begin(&mut self, tracer: &Tracer, trace: &TraceArgs) -> Result<()> {
+        let (file, pcapng) = match std::mem::replace(self, Self::None) {
+            Self::Pending { file, pcapng } => (file, pcapng),
+            other => {
+                *self = other;
+                return Ok(());
+            }
+        };
+        let path = file.path().to_path_buf();
+        let started = file.start().map_err(|e| SetupError::BadOutput {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        if !pcapng {
+            *self = Self::Jsonl(JsonLines::new(&path, started));
+            return Ok(());
+        }
+        let keeps = match trace.snaplen {
+            Some(n) => format!("the first {n} bytes of each frame (at least its headers)"),
+            None => "headers only".into(),
+        };
+        let iface = pcapng::Interface {
+            name: &tracer.iface,
+            description: &format!(
+                "{}, XDP {}, {keeps}",
+                traced_on(&tracer.iface, tracer.netns.as_deref()),
+                tracer.mode
+            ),
+            ifindex: tracer.ifindex,
+            kernel: &tracer.kernel.report(),
+        };
+        *self = Self::Pcapng(PcapngWriter::create(&path, started, &iface)?);
+        Ok(())
+    }
+
+    fn sink(&mut self) -> Option<&mut dyn Sink> {
+        match self {
+            Self::None | Self::Pending { .. } => None,
+            Self::Jsonl(j) => Some(j),
+            Self::Pcapng(p) => Some(p),
+        }
+    }
+}
+
+/// What a tracing run writes and serves: `--out` and `--metrics-addr`,
+/// both ready before anything is attached (bad paths and taken ports fail
+/// first).
+pub(super) struct Outputs {
+    file: Output,
+    metrics: Option<Metrics>,
+}
+
+impl Outputs {
+    pub fn open(trace: &TraceArgs) -> Result<Self> {
+        let file = Output::open(trace)?;
+        let metrics = match trace.metrics_addr.as_deref() {
+            None => None,
+            Some(addr) => {
+                let m = Metrics::serve(metrics_addr(addr)?)?;
+                eprintln!("metrics at http://{}/metrics", m.addr);
+                Some(m)
+            }
+        };
+        Ok(Self { file, metrics })
+    }
+}
+
+/// The live view while collecting, when asked for and stdout is a
+/// terminal (else the progress lines stand in for it).
+struct LiveScreen(Option<(tui::Link, tui::Screen)>);
+
+impl LiveScreen {
+    fn open(wanted: bool, tracer: &Tracer, senders: Vec<tui::SenderName>) -> Result<Self> {
+        if !wanted || !std::io::stdout().is_terminal() {
+            return Ok(Self(None));
+        }
+        let source = format!(
+            "{} (XDP {})",
+            traced_on(&tracer.iface, tracer.netns.as_deref()),
+            tracer.mode
+        );
+        Ok(Self(Some(tui::start(source, senders)?)))
+    }
+
+    fn link(&mut self) -> Option<&mut tui::Link> {
+        self.0.as_mut().map(|(link, _)| link)
+    }
+
+    /// After the collection: a finished one stays on screen until `q`; a
+    /// stopped or failed one closes at once. The terminal is back after.
+    fn close(self, outcome: Result<Outcome>) -> Result<Outcome> {
+        let Some((link, screen)) = self.0 else {
+            return outcome;
+        };
+        match &outcome {
+            Ok(o) if matches!(o.stop, StopReason::Finished | StopReason::Duration) => link
+                .finished(match o.stop {
+                    StopReason::Duration => "duration reached".into(),
+                    _ => "transfer finished".into(),
+                }),
+            _ => link.close(),
+        }
+        screen.wait()?;
+        outcome
+    }
+}
+
+fn header(opts: &TracerOptions, o: &Outcome) -> String {
+    let stop = match o.stop {
+        StopReason::Duration => "duration reached".to_string(),
+        StopReason::Signal(s) => s.to_string(),
+        StopReason::Finished => "transfer finished".to_string(),
+        StopReason::InterfaceGone => "the interface went away".to_string(),
+    };
+    format!(
+        "tracer: {:.1} s on {} ({stop})",
+        o.elapsed.as_secs_f64(),
+        traced_on(&opts.iface, opts.netns.as_deref()),
+    )
+}
+
+/// "IF" or "IF in netns NAME".
+pub(super) fn traced_on(iface: &str, netns: Option<&str>) -> String {
+    match netns {
+        Some(n) => format!("{iface} in netns {n}"),
+        None => iface.to_string(),
+    }
+}
