@@ -10,22 +10,9 @@ use tracer::{
     record::{self, Collect, Outcome, RecordOptions, Sink},
 };
 
-/// True when running as root; otherwise says the test is skipped.
-pub fn root_or_skip(test: &str) -> bool {
-    // SAFETY: no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    eprintln!("{test}: skipped: needs root");
-    false
-}
-
-/// True inside a TCG guest of the kernel matrix (`cargo xtask test
-/// --kernel`): emulated CPUs, several times slower, so uploads get more time
-/// and shares that depend on speed are held more loosely.
-pub fn under_tcg() -> bool {
-    std::env::var_os("TRACER_TEST_TCG").is_some()
-}
+#[path = "../../tracer/tests/common/host.rs"]
+mod host;
+pub use host::{root_or_skip, under_tcg};
 
 /// Where in the lab the tracer is attached.
 #[derive(Clone, Copy)]

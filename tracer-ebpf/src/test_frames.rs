@@ -1,9 +1,18 @@
-//! Frame builders for the unit tests: each header field put where the
-//! RFCs say, independently of the parser's own code.
+//! Frame builders for the tests and benchmarks (this crate's unit tests;
+//! the tracer's, with the `test-frames` feature): each header field put
+//! where the RFCs say, independently of the parser's own code.
 
 use tracer_common::tcp_flags::{ACK, PSH};
 
 pub const TS: [u8; 12] = [1, 1, 8, 10, 0, 0, 0x12, 0x34, 0, 0, 0x56, 0x78];
+
+/// NOP NOP and the timestamps option (RFC 7323) carrying these values.
+pub fn timestamps(tsval: u32, tsecr: u32) -> Vec<u8> {
+    let mut v = vec![1, 1, 8, 10];
+    v.extend(tsval.to_be_bytes());
+    v.extend(tsecr.to_be_bytes());
+    v
+}
 
 pub struct Tcp {
     pub sport: u16,
@@ -104,6 +113,11 @@ pub fn ipv6(ext: &[(u8, usize)], upper: u8, l4: &[u8]) -> Vec<u8> {
     v
 }
 
+/// Sets the identification of an Ethernet frame's IPv4 header (no VLAN).
+pub fn set_ipv4_id(frame: &mut [u8], id: u16) {
+    frame[14 + 4..14 + 6].copy_from_slice(&id.to_be_bytes());
+}
+
 pub fn eth(ethertype: u16, vlans: &[(u16, u16)], l3: &[u8]) -> Vec<u8> {
     let mut v = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
     for &(tpid, tci) in vlans {
@@ -113,4 +127,21 @@ pub fn eth(ethertype: u16, vlans: &[(u16, u16)], l3: &[u8]) -> Vec<u8> {
     v.extend(ethertype.to_be_bytes());
     v.extend(l3);
     v
+}
+
+/// One data segment, Ethernet + IPv4 (10.0.0.1 -> `daddr`) + TCP (`sport`
+/// -> 5201, ACK, timestamps) with `payload` bytes at `seq`.
+pub fn segment(daddr: [u8; 4], sport: u16, seq: u32, payload: usize) -> Vec<u8> {
+    let t = Tcp {
+        sport,
+        seq,
+        flags: ACK,
+        payload,
+        ..Tcp::default()
+    };
+    eth(
+        0x0800,
+        &[],
+        &ipv4_between([10, 0, 0, 1], daddr, 6, 0x4000, &[], &tcp(&t)),
+    )
 }

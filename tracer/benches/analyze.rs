@@ -13,35 +13,29 @@ use std::{
     time::Instant,
 };
 
+use tracer_common::tcp_flags::ACK;
+use tracer_ebpf::test_frames::{eth, ipv4, set_ipv4_id, tcp, timestamps, Tcp};
+
 const SEGMENTS: u32 = 1_000_000;
 const FLOWS: u32 = 100;
 const MSS: u32 = 1448;
 
-/// Ethernet + IPv4 + TCP (timestamps) headers of one segment.
+/// Ethernet + IPv4 + TCP (timestamps) headers of one segment (its
+/// payload left out of the capture, as `tcpdump -s 128` would).
 fn frame(flow: u32, seq: u32, tsval: u32, ip_id: u16) -> Vec<u8> {
-    let mut f = vec![0u8; 14];
-    f[12] = 0x08;
-    let total: u16 = 20 + 32 + MSS as u16;
-    let mut ip = vec![
-        0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-    ];
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip[4..6].copy_from_slice(&ip_id.to_be_bytes());
-    f.extend(ip);
-    let mut tcp = vec![0u8; 32];
-    tcp[0..2].copy_from_slice(&(20_000 + flow as u16).to_be_bytes());
-    tcp[2..4].copy_from_slice(&5201u16.to_be_bytes());
-    tcp[4..8].copy_from_slice(&seq.to_be_bytes());
-    tcp[8..12].copy_from_slice(&1u32.to_be_bytes());
-    tcp[12] = 8 << 4;
-    tcp[13] = 0x10;
-    tcp[14..16].copy_from_slice(&1024u16.to_be_bytes());
-    tcp[20] = 1;
-    tcp[21] = 1;
-    tcp[22] = 8;
-    tcp[23] = 10;
-    tcp[24..28].copy_from_slice(&tsval.to_be_bytes());
-    f.extend(tcp);
+    let t = Tcp {
+        sport: 20_000 + flow as u16,
+        dport: 5201,
+        seq,
+        ack: 1,
+        flags: ACK,
+        window: 1024,
+        options: timestamps(tsval, 0),
+        payload: MSS as usize,
+    };
+    let mut f = eth(0x0800, &[], &ipv4(6, 0x4000, &[], &tcp(&t)));
+    set_ipv4_id(&mut f, ip_id);
+    f.truncate(14 + 20 + 32);
     f
 }
 

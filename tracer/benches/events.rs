@@ -22,9 +22,7 @@ use tracer::{
     record::{self, RecordOptions},
 };
 use tracer_common::counter;
-
-#[path = "../tests/common/frames.rs"]
-mod frames;
+use tracer_ebpf::test_frames::segment;
 
 #[path = "common/cpu.rs"]
 mod cpu;
@@ -48,7 +46,7 @@ const STEPS: [(u64, usize, u32); 7] = [
 ];
 
 /// Where the TCP sequence number and the timestamp value sit in a frame of
-/// `frames::tcp_frame` (Ethernet, IPv4 without options, TCP with NOP NOP
+/// `test_frames::segment` (Ethernet, IPv4 without options, TCP with NOP NOP
 /// timestamps).
 const SEQ_AT: usize = 14 + 20 + 4;
 const TSVAL_AT: usize = 14 + 20 + 24;
@@ -86,7 +84,7 @@ fn send(fd: &OwnedFd, sender: usize, rate: u64) -> u64 {
     let mut frames: Vec<Vec<u8>> = (0..FLOWS)
         .map(|i| {
             let sport = 40_000 + (sender * FLOWS + i) as u16;
-            frames::tcp_frame([10, 77, 2, 2], sport, 1, PAYLOAD)
+            segment([10, 77, 2, 2], sport, 1, PAYLOAD.into())
         })
         .collect();
     let mut seq = vec![1u32; FLOWS];

@@ -24,12 +24,9 @@ use tracer_common::{counter, CounterBlock, FilterConfig, KernelLayout, FILTER_PO
 const BATCH: u32 = 20_000;
 const ROUNDS: usize = 120;
 
-#[path = "../tests/common/frames.rs"]
-mod frames;
-
 /// The benchmark's segment: one flow, `payload` bytes at sequence 1000.
 fn frame(payload: u16) -> Vec<u8> {
-    frames::tcp_frame([10, 0, 0, 2], 40000, 1000, payload)
+    tracer_ebpf::test_frames::segment([10, 0, 0, 2], 40000, 1000, payload.into())
 }
 
 /// One loaded copy of the object, with `program` ready to run over `data`.

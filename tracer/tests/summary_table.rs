@@ -6,8 +6,6 @@
 //! all and in-order segments stay in the kernel.
 
 mod common;
-#[path = "common/frames.rs"]
-mod frames;
 
 use aya::{
     maps::{PerCpuArray, RingBuf},
@@ -85,7 +83,7 @@ fn segment(i: u32, n: u32) -> Vec<u8> {
     x = x.wrapping_mul(0x9e_3779) & 0xff_ffff;
     x ^= x >> 11;
     let daddr = [10, (x >> 16) as u8, (x >> 8) as u8, x as u8];
-    frames::tcp_frame(daddr, 40000, 1_000_000 + n * u32::from(MSS), MSS)
+    tracer_ebpf::test_frames::segment(daddr, 40000, 1_000_000 + n * u32::from(MSS), MSS.into())
 }
 
 /// Sends every flow's segment `n`, draining the ring as it goes; returns

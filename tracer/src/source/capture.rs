@@ -774,28 +774,17 @@ mod tests {
     /// An Ethernet + IPv4 + TCP frame: `seq`, 100 payload bytes (headers
     /// only captured), TSval `tsval`.
     pub(super) fn frame(seq: u32, tsval: u32) -> Vec<u8> {
-        let mut f = vec![0u8; 14];
-        f[12] = 0x08;
-        let mut ip = vec![
-            0x45, 0, 0, 0, 0, 7, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
-        ];
-        let total: u16 = 20 + 32 + 100;
-        ip[2..4].copy_from_slice(&total.to_be_bytes());
-        f.extend(ip);
-        let mut tcp = vec![0u8; 32];
-        tcp[0..2].copy_from_slice(&40000u16.to_be_bytes());
-        tcp[2..4].copy_from_slice(&5201u16.to_be_bytes());
-        tcp[4..8].copy_from_slice(&seq.to_be_bytes());
-        tcp[12] = 8 << 4;
-        tcp[13] = 0x10;
-        tcp[14..16].copy_from_slice(&512u16.to_be_bytes());
-        // NOP NOP TS
-        tcp[20] = 1;
-        tcp[21] = 1;
-        tcp[22] = 8;
-        tcp[23] = 10;
-        tcp[24..28].copy_from_slice(&tsval.to_be_bytes());
-        f.extend(tcp);
+        use tracer_ebpf::test_frames::{eth, ipv4, set_ipv4_id, tcp, timestamps, Tcp};
+        let t = Tcp {
+            seq,
+            flags: tracer_common::tcp_flags::ACK,
+            window: 512,
+            options: timestamps(tsval, 0),
+            ..Tcp::default()
+        };
+        let mut f = eth(0x0800, &[], &ipv4(6, 0x4000, &[], &tcp(&t)));
+        set_ipv4_id(&mut f, 7);
+        f.truncate(14 + 20 + 32);
         f
     }
 

@@ -11,23 +11,11 @@ use std::{
 use serde_json::Value;
 use tracer::lab::{self, Lab};
 
+mod host;
+#[allow(unused_imports)] // (not every test target uses both)
+pub use host::{root_or_skip, under_tcg};
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_tracer");
-
-/// True when running as root; otherwise says the test is skipped.
-pub fn root_or_skip(test: &str) -> bool {
-    let root = tracer::require_root().is_ok();
-    if !root {
-        eprintln!("{test}: skipped: needs root");
-    }
-    root
-}
-
-/// True inside a TCG guest of the kernel matrix (`cargo xtask test
-/// --kernel`): emulated CPUs, several times slower, so uploads get more time
-/// and shares that depend on speed are held more loosely.
-pub fn under_tcg() -> bool {
-    std::env::var_os("TRACER_TEST_TCG").is_some()
-}
 
 /// A child's output, line by line as it comes.
 pub fn lines(from: impl Read + Send + 'static) -> mpsc::Receiver<String> {
