@@ -11,6 +11,7 @@ use crate::{
     config::EngineConfig,
     kernel::{Counters, KernelReport},
     replay::Replay,
+    source::Flow,
 };
 
 #[derive(Clone, Debug, Serialize)]
@@ -197,6 +198,9 @@ pub struct Spread {
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FlowReport {
+    /// The flow it reports, as the engine knows it.
+    #[serde(skip)]
+    pub key: Flow,
     pub src: String,
     pub dst: String,
     pub segments: u64,
@@ -216,8 +220,8 @@ pub struct FlowReport {
     /// it moved, each byte once; in summary mode, with the segments kept in
     /// the kernel (which `payload_bytes` does not see).
     pub seq_advance_bytes: u64,
-    /// The flow's arrivals replayed through the sender policies (none for
-    /// a flow without data).
+    /// The flow's arrivals replayed through the sender policies, once
+    /// asked for (`Engine::replay`; none for a flow without data).
     pub replay: Option<Replay>,
     /// What kind of sender it is, when the caller knows its address
     /// ([`Snapshot::name_senders`]: the lab's senders).

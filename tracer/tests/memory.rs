@@ -91,7 +91,8 @@ fn over_its_budget_the_engine_gives_up_replay_logs_first_for_the_least_reordered
     );
     assert!(m.ack_logs_shed > 128, "{m:?}");
     assert_eq!(m.evicted_for_memory, 0);
-    let s = e.snapshot();
+    let mut s = e.snapshot();
+    e.replay(&mut s);
     assert_eq!(s.tracked_flows, 256);
     assert_eq!(s.totals.reordering.data_segments, 256 * 4096);
     // Every flow without reordering gave its log up before any that had.

@@ -56,14 +56,12 @@ pub fn analyze(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    let mut snapshot = engine.snapshot();
+    engine.replay(&mut snapshot);
     // Our own traces carry the kernel's counters: the report is record's.
-    let snapshot = match &summary.kernel {
-        Some(k) => engine
-            .snapshot()
-            .with_kernel(k)
-            .with_linux(summary.linux.clone()),
-        None => engine.snapshot(),
-    };
+    if let Some(k) = &summary.kernel {
+        snapshot = snapshot.with_kernel(k).with_linux(summary.linux.clone());
+    }
     let elapsed = Duration::from_nanos(summary.last_ns.saturating_sub(summary.first_ns));
     let header = format!(
         "tracer: {path}, {} packets over {:.1} s",

@@ -133,12 +133,12 @@ impl Run {
 }
 
 impl Ended {
-    /// The engine's snapshot with the kernel's counters, release and the
-    /// collector's peak memory (every flow replayed: the costly part).
+    /// The engine's snapshot, every flow replayed (the costly part), with
+    /// the kernel's counters, release and the collector's peak memory.
     pub fn snapshot(&self) -> Snapshot {
-        self.engine
-            .snapshot()
-            .with_kernel(&self.outcome.counters)
+        let mut s = self.engine.snapshot();
+        self.engine.replay(&mut s);
+        s.with_kernel(&self.outcome.counters)
             .with_linux(self.linux.clone())
             .with_resident(self.outcome.peak_resident_bytes)
     }

@@ -360,7 +360,8 @@ fn evicted_flows_replays_stay_in_the_totals() {
             order.extend((1..2).chain(6..12).map(|n| (n, 0, 0)));
             feed(&mut e, flow(port), 100, &order);
         }
-        let s = e.snapshot();
+        let mut s = e.snapshot();
+        e.replay(&mut s);
         let classic = |r: &Replay| {
             let p = r.policies.iter().find(|p| p.name == "classic").unwrap();
             (p.recovery_episodes, p.spurious_retransmissions)

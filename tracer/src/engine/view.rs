@@ -165,16 +165,12 @@ fn path_reports(paths: impl Iterator<Item = Path>) -> Vec<PathReport> {
     v
 }
 
-/// `replay`: the flow's replay, if run (the costly part).
-pub(crate) fn flow_report(
-    flow: &Flow,
-    f: &FlowState,
-    cfg: &EngineConfig,
-    replay: Option<Replay>,
-) -> FlowReport {
+/// One flow's report, not yet replayed.
+pub(crate) fn flow_report(flow: &Flow, f: &FlowState, cfg: &EngineConfig) -> FlowReport {
     let m = f.wire_metrics().unwrap_or_default();
     let (verdict, evidence) = verdict::judge(&m, &cfg.verdict);
     FlowReport {
+        key: *flow,
         src: flow.src.to_string(),
         dst: flow.dst.to_string(),
         segments: f.segments,
@@ -189,7 +185,7 @@ pub(crate) fn flow_report(
         rtt_us: f.rtt_ns.map(|n| n / 1000),
         duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
         seq_advance_bytes: f.seq_advance(),
-        replay,
+        replay: None,
         sender: None,
     }
 }
@@ -205,12 +201,6 @@ pub(crate) fn build(
     retransmit_events: u64,
     cfg: &EngineConfig,
 ) -> Snapshot {
-    let replay = Replay::total(
-        totals
-            .replay
-            .iter()
-            .chain(flows.iter().filter_map(|f| f.replay.as_ref())),
-    );
     Snapshot {
         totals: Totals {
             segments: totals.segments,
@@ -227,7 +217,8 @@ pub(crate) fn build(
             local_retransmit_events: retransmit_events,
             verdicts,
             dropped_events: 0,
-            replay,
+            // (None replayed yet: `Engine::replay`.)
+            replay: Replay::total([]),
         },
         flows,
         tracked_flows: tracked,
