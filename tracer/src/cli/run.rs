@@ -45,8 +45,7 @@ pub(super) struct Ended {
 
 impl Run {
     /// Attaches with `opts` (the trace file's snaplen added), gives the
-    /// engine its share of the memory budget, begins the trace file and
-    /// says what the kernel lacks.
+    /// engine its share of the memory budget and begins the trace file.
     pub fn start(
         opts: TracerOptions,
         mut out: Outputs,
@@ -60,9 +59,6 @@ impl Run {
         let tracer = Tracer::attach(&opts)?;
         trace.report.fit_memory(&mut engine)?;
         out.file.begin(&tracer, trace)?;
-        for m in tracer.kernel.missing() {
-            eprintln!("tracer: Linux {}: {m}", tracer.kernel.release);
-        }
         Ok(Self {
             tracer: Some(tracer),
             engine,
@@ -73,9 +69,14 @@ impl Run {
         })
     }
 
-    /// With `live` and a terminal, the live screen from here on (naming
+    /// After the caller's banner: what the kernel lacks, a line each, and
+    /// with `live` and a terminal the live screen from here on (naming
     /// `senders`' flows); nothing may print to the terminal after.
     pub fn watch(&mut self, live: bool, senders: Vec<tui::SenderName>) -> Result<()> {
+        let tracer = self.tracer();
+        for m in tracer.kernel.missing() {
+            eprintln!("tracer: Linux {}: {m}", tracer.kernel.release);
+        }
         self.screen = LiveScreen::open(live, self.tracer(), senders)?;
         Ok(())
     }
