@@ -7,7 +7,8 @@ use tracer::{
     engine::{Engine, EngineConfig},
     kernel::{Tracer, TracerOptions, XdpModeChoice},
     lab::{self, FlowResult, Lab, LabSpec, Topology, Upload, UploadSpec},
-    record::{self, Collect, Outcome, RecordOptions, Sink},
+    record::{self, Outcome, RecordOptions},
+    sink::{Collect, Sink},
 };
 
 #[path = "../../tracer/tests/common/host.rs"]

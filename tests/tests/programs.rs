@@ -12,7 +12,7 @@ use tracer::{
     filter::Filter,
     kernel::{self, AttachedMode, Tracer, TracerOptions, XdpModeChoice},
     lab::{self, Lab, LabSpec, Mode, Pattern, Upload, UploadSpec},
-    record::Sink,
+    sink::Sink,
     source::{Observation, Raw},
 };
 use tracer_common::counter::*;

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     kernel::Counters,
-    record::Sink,
+    sink::Sink,
     source::{Observation, Raw},
 };
 

@@ -22,6 +22,7 @@ pub mod plot;
 pub mod record;
 pub mod replay;
 pub mod report;
+pub mod sink;
 pub mod snapshot;
 pub mod source;
 pub mod tui;

@@ -35,7 +35,7 @@ use anyhow::Result;
 
 use crate::{
     kernel::{Counters, KernelReport},
-    record::Sink,
+    sink::Sink,
     source::{
         format::{block, custom, exported_pdu, linktype, opt, BYTE_ORDER, PCAPNG_SHB},
         Frame, Observation, Raw,

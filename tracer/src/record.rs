@@ -18,32 +18,10 @@ use crate::{
     kernel::{Counters, Tracer},
     metrics::Metrics,
     report,
-    source::{self, Observation, Raw},
+    sink::Sink,
+    source::{self, Raw},
     tui,
 };
-
-/// Something that consumes the observation stream.
-pub trait Sink {
-    /// One observation and the record it came from (with a segment's
-    /// frame bytes when the tracer captures them:
-    /// [`crate::kernel::TracerOptions::snaplen`]).
-    fn observe(&mut self, obs: &Observation, raw: &Raw);
-    /// Called about once a second and at the end (with the final
-    /// counters): push buffered output out.
-    fn flush(&mut self, _counters: &Counters) -> Result<()> {
-        Ok(())
-    }
-}
-
-/// Collects every observation (tests, small captures).
-#[derive(Default)]
-pub struct Collect(pub Vec<Observation>);
-
-impl Sink for Collect {
-    fn observe(&mut self, obs: &Observation, _raw: &Raw) {
-        self.0.push(obs.clone());
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {

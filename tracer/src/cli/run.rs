@@ -15,8 +15,9 @@ use crate::{
     metrics::Metrics,
     output::OutputFile,
     pcapng::{self, PcapngWriter},
-    record::{self, Outcome, RecordOptions, Sink, StopReason},
+    record::{self, Outcome, RecordOptions, StopReason},
     report,
+    sink::Sink,
     snapshot::Snapshot,
     tui, SetupError,
 };

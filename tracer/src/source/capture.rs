@@ -1002,7 +1002,7 @@ mod round_trip {
     use super::*;
     use crate::{
         pcapng::{Interface, PcapngWriter},
-        record::Sink,
+        sink::Sink,
         source::{Frame, Raw},
     };
     use tracer_common::{counter, kind, ProbeEvent};
