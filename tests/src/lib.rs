@@ -93,6 +93,7 @@ pub fn record_until_over(
         &mut [sink],
         || upload.finished(),
         RecordOptions {
+            nic: None,
             duration: Some(spec.timeout + Duration::from_secs(5)),
             progress: false,
             live: None,

@@ -341,6 +341,194 @@ pub struct KernelLayout {
 /// The lab's edge stage: the emulated flow-steering NIC between the lab's
 /// client and server (`lab-edge` programs). Lab-only: one client and one
 /// server address, so a flow is named by its two ports.
+/// Receive-side scaling: the Toeplitz hash a NIC computes over a received
+/// packet's addresses and ports, which picks its RX queue through the
+/// indirection table. The lab's emulated NIC (kernel) and the tracer's RSS
+/// check (userspace) must agree bit for bit, so both call this one function.
+pub mod rss {
+    /// The key length most NICs use (Microsoft's RSS specification).
+    pub const KEY_LEN: usize = 40;
+
+    /// Microsoft's RSS verification key ("Verifying the RSS Hash
+    /// Calculation"), the default key of several drivers.
+    pub const VERIFICATION_KEY: [u8; KEY_LEN] = [
+        0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3, 0x8f,
+        0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30,
+        0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+    ];
+
+    /// The Toeplitz hash of `input` under `key`: for every set input bit,
+    /// from the first byte's most significant bit on, the 32 key bits
+    /// starting at that bit's position are XORed in. Key bits past the
+    /// key's end read as 0 (a key covers `input.len() + 4` bytes).
+    #[inline(always)]
+    pub fn toeplitz(key: &[u8], input: &[u8]) -> u32 {
+        let byte = |i: usize| u32::from(key.get(i).copied().unwrap_or(0));
+        let mut window = byte(0) << 24 | byte(1) << 16 | byte(2) << 8 | byte(3);
+        let mut hash = 0;
+        for (i, &b) in input.iter().enumerate() {
+            let next = byte(i + 4);
+            for bit in (0..8).rev() {
+                if (b >> bit) & 1 == 1 {
+                    hash ^= window;
+                }
+                window = (window << 1) | ((next >> bit) & 1);
+            }
+        }
+        hash
+    }
+
+    /// The hash input of a TCP/IPv4 packet: source address, destination
+    /// address, source port, destination port, in network byte order.
+    #[inline(always)]
+    pub fn ipv4_input(saddr: [u8; 4], daddr: [u8; 4], sport: u16, dport: u16) -> [u8; 12] {
+        let mut input = [0u8; 12];
+        input[..4].copy_from_slice(&saddr);
+        input[4..8].copy_from_slice(&daddr);
+        input[8..10].copy_from_slice(&sport.to_be_bytes());
+        input[10..].copy_from_slice(&dport.to_be_bytes());
+        input
+    }
+
+    /// The same for TCP/IPv6.
+    pub fn ipv6_input(saddr: [u8; 16], daddr: [u8; 16], sport: u16, dport: u16) -> [u8; 36] {
+        let mut input = [0u8; 36];
+        input[..16].copy_from_slice(&saddr);
+        input[16..32].copy_from_slice(&daddr);
+        input[32..34].copy_from_slice(&sport.to_be_bytes());
+        input[34..].copy_from_slice(&dport.to_be_bytes());
+        input
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn v4(a: &str) -> [u8; 4] {
+            let mut out = [0u8; 4];
+            for (o, p) in out.iter_mut().zip(a.split('.')) {
+                *o = p.parse().unwrap();
+            }
+            out
+        }
+
+        /// Microsoft's "Verifying the RSS Hash Calculation", IPv4:
+        /// (destination, source, hash of the addresses, hash with ports).
+        #[test]
+        fn ipv4_matches_the_published_verification_table() {
+            let table = [
+                (
+                    "161.142.100.80",
+                    1766,
+                    "66.9.149.187",
+                    2794,
+                    0x323e_8fc2,
+                    0x51cc_c178,
+                ),
+                (
+                    "65.69.140.83",
+                    4739,
+                    "199.92.111.2",
+                    14230,
+                    0xd718_262a,
+                    0xc626_b0ea,
+                ),
+                (
+                    "12.22.207.184",
+                    38024,
+                    "24.19.198.95",
+                    12898,
+                    0xd2d0_a5de,
+                    0x5c2b_394a,
+                ),
+                (
+                    "209.142.163.6",
+                    2217,
+                    "38.27.205.30",
+                    48228,
+                    0x8298_9176,
+                    0xafc7_327f,
+                ),
+                (
+                    "202.188.127.2",
+                    1303,
+                    "153.39.163.191",
+                    44251,
+                    0x5d18_09c5,
+                    0x10e8_28a2,
+                ),
+            ];
+            for (dst, dport, src, sport, addrs_only, with_ports) in table {
+                let input = ipv4_input(v4(src), v4(dst), sport, dport);
+                assert_eq!(
+                    toeplitz(&VERIFICATION_KEY, &input[..8]),
+                    addrs_only,
+                    "{src} -> {dst}"
+                );
+                assert_eq!(
+                    toeplitz(&VERIFICATION_KEY, &input),
+                    with_ports,
+                    "{src} -> {dst}"
+                );
+            }
+        }
+
+        /// The same table's IPv6 rows.
+        #[test]
+        fn ipv6_matches_the_published_verification_table() {
+            // (destination, its port, source, its port, hashes as above)
+            type Row = ([u8; 16], u16, [u8; 16], u16, u32, u32);
+            let table: [Row; 3] = [
+                (
+                    // 3ffe:2501:200:3::1 <- 3ffe:2501:200:1fff::7
+                    [
+                        0x3f, 0xfe, 0x25, 0x01, 0x02, 0x00, 0x00, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x01,
+                    ],
+                    1766,
+                    [
+                        0x3f, 0xfe, 0x25, 0x01, 0x02, 0x00, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0x07,
+                    ],
+                    2794,
+                    0x2cc1_8cd5,
+                    0x4020_7d3d,
+                ),
+                (
+                    // ff02::1 <- 3ffe:501:8::260:97ff:fe40:efab
+                    [0xff, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x01],
+                    4739,
+                    [
+                        0x3f, 0xfe, 0x05, 0x01, 0x00, 0x08, 0, 0, 0x02, 0x60, 0x97, 0xff, 0xfe,
+                        0x40, 0xef, 0xab,
+                    ],
+                    14230,
+                    0x0f0c_461c,
+                    0xdde5_1bbf,
+                ),
+                (
+                    // fe80::200:f8ff:fe21:67cf <- 3ffe:1900:4545:3:200:f8ff:fe21:67cf
+                    [
+                        0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0x02, 0x00, 0xf8, 0xff, 0xfe, 0x21, 0x67,
+                        0xcf,
+                    ],
+                    38024,
+                    [
+                        0x3f, 0xfe, 0x19, 0x00, 0x45, 0x45, 0x00, 0x03, 0x02, 0x00, 0xf8, 0xff,
+                        0xfe, 0x21, 0x67, 0xcf,
+                    ],
+                    44251,
+                    0x4b61_e985,
+                    0x02d1_feef,
+                ),
+            ];
+            for (dst, dport, src, sport, addrs_only, with_ports) in table {
+                let input = ipv6_input(src, dst, sport, dport);
+                assert_eq!(toeplitz(&VERIFICATION_KEY, &input[..32]), addrs_only);
+                assert_eq!(toeplitz(&VERIFICATION_KEY, &input), with_ports);
+            }
+        }
+    }
+}
+
 pub mod edge {
     /// `client port << 16 | server port`.
     pub type FlowKey = u32;
@@ -352,12 +540,31 @@ pub mod edge {
     pub const MODE_STEER: u32 = 1;
 
     #[repr(C)]
-    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct EdgeConfig {
         pub mode: u32,
         /// Queues of the link towards the server (its RX queues).
         pub queues: u32,
+        /// RSS, as a NIC does it: a new flow's queue is entry
+        /// `toeplitz(rss_key, its addresses and ports) % indir_len` of the
+        /// `INDIR` map.
+        pub rss_key: [u8; super::rss::KEY_LEN],
+        pub indir_len: u32,
     }
+
+    impl Default for EdgeConfig {
+        fn default() -> Self {
+            EdgeConfig {
+                mode: MODE_PASS,
+                queues: 1,
+                rss_key: super::rss::VERIFICATION_KEY,
+                indir_len: 1,
+            }
+        }
+    }
+
+    /// Entries of the edge's indirection table (as many NICs have).
+    pub const INDIR_ENTRIES: u32 = 128;
 
     /// One transmission of a data segment in flight through the edge. A
     /// retransmission differs from its original in `ident`: the IPv4 ID

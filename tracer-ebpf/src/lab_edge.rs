@@ -4,7 +4,7 @@
 //!
 //! * `edge_steer` (XDP, on the link from the client): looks each TCP
 //!   packet's flow up in the flow-director table (learning new flows onto
-//!   a hashed queue), numbers data segments in arrival order and, in
+//!   its RSS queue: Toeplitz over the indirection table, as a NIC), numbers data segments in arrival order and, in
 //!   `MODE_STEER`, redirects the packet to the CPU that serves the flow's
 //!   queue (CPUMAP). Userspace re-points table entries while the transfer
 //!   runs: packets already queued for the old CPU then race the new ones,
@@ -13,7 +13,7 @@
 //!   packet's queue on the multi-queue veth (the server's RX queue) to the
 //!   one decided at ingress and emits one ground-truth event per data
 //!   segment, in the order segments leave the edge.
-#![cfg_attr(target_arch = "bpf", no_std, no_main)]
+#![cfg_attr(target_arch = "bpf", no_std, no_main, feature(asm_experimental_arch))]
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {
@@ -30,7 +30,11 @@ mod programs {
         programs::{TcContext, XdpContext},
     };
     use tracer_common::{
-        edge::{counter, Arrivals, EdgeConfig, EdgeEvent, SegKey, Steered, MODE_STEER, UNMATCHED},
+        edge::{
+            counter, Arrivals, EdgeConfig, EdgeEvent, SegKey, Steered, INDIR_ENTRIES, MODE_STEER,
+            UNMATCHED,
+        },
+        rss::{ipv4_input, ipv6_input, toeplitz},
         SegmentEvent, FAMILY_IPV4,
     };
     use tracer_ebpf::{
@@ -44,9 +48,19 @@ mod programs {
     #[map]
     static CONFIG: Array<EdgeConfig> = Array::with_max_entries(1, 0);
     /// The flow-director table: flow -> RX queue at the server. The
-    /// program learns new flows onto a hashed queue; userspace re-points.
+    /// program learns new flows onto their RSS queue; userspace re-points.
     #[map]
     static FLOWS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+    /// The RSS indirection table: entry -> RX queue.
+    #[map]
+    static INDIR: Array<u32> = Array::with_max_entries(INDIR_ENTRIES, 0);
+    /// Per flow: its RSS queue, learned with it.
+    #[map]
+    static RSS_QUEUE: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+    /// Per flow: TCP segments that left on another queue than their RSS
+    /// queue (the truth the tracer's RSS check is held to).
+    #[map]
+    static OFF_RSS: HashMap<u32, u64> = HashMap::with_max_entries(1024, 0);
     /// Per flow: what entered the edge so far.
     #[map]
     static ARRIVALS: HashMap<u32, Arrivals> = HashMap::with_max_entries(1024, 0);
@@ -105,11 +119,23 @@ mod programs {
         }
     }
 
-    /// RSS-like initial queue of a new flow.
+    /// The RX queue RSS picks for the segment's flow.
     #[inline(always)]
-    fn hashed_queue(key: u32, queues: u32) -> u32 {
-        let h = key.wrapping_mul(0x9e37_79b1);
-        (h >> 16) % queues.max(1)
+    fn rss_queue(ev: &SegmentEvent, cfg: &EdgeConfig) -> u32 {
+        let a = &ev.addrs;
+        let hash = if a.family == FAMILY_IPV4 {
+            let v4 = |x: &[u8; 16]| [x[0], x[1], x[2], x[3]];
+            toeplitz(
+                &cfg.rss_key,
+                &ipv4_input(v4(&a.saddr), v4(&a.daddr), a.sport, a.dport),
+            )
+        } else {
+            toeplitz(
+                &cfg.rss_key,
+                &ipv6_input(a.saddr, a.daddr, a.sport, a.dport),
+            )
+        };
+        INDIR.get(hash % cfg.indir_len.max(1)).copied().unwrap_or(0)
     }
 
     #[xdp]
@@ -125,7 +151,10 @@ mod programs {
         let queue = match unsafe { FLOWS.get(&key) } {
             Some(&q) => q,
             None => {
-                let q = hashed_queue(key, cfg.queues);
+                let q = rss_queue(ev, &cfg);
+                let _ = RSS_QUEUE.insert(key, q, 0);
+                // (Created here, so that egress only adds to it.)
+                let _ = OFF_RSS.insert(key, 0, 0);
                 if FLOWS.insert(key, q, 0).is_ok() {
                     count(counter::FLOWS_LEARNED);
                 }
@@ -191,6 +220,7 @@ mod programs {
             // Control segments follow the table.
             if let Some(q) = table_queue {
                 set_queue(&ctx, q);
+                off_rss(key, q);
             }
             return TC_ACT_OK;
         }
@@ -213,6 +243,7 @@ mod programs {
             }
         };
         set_queue(&ctx, steered.queue);
+        off_rss(key, steered.queue);
         let truth = EdgeEvent {
             ingress_ns: steered.ingress_ns,
             egress_ns: unsafe { bpf_ktime_get_ns() },
@@ -230,6 +261,21 @@ mod programs {
             Err(_) => count(counter::TRUTH_DROPPED),
         }
         TC_ACT_OK
+    }
+
+    /// Counts a segment of `flow` leaving on `queue` when that is not the
+    /// flow's RSS queue.
+    #[inline(always)]
+    fn off_rss(flow: u32, queue: u32) {
+        // SAFETY: a copy of a map value.
+        if unsafe { RSS_QUEUE.get(&flow) }.is_none_or(|&q| q == queue) {
+            return;
+        }
+        if let Some(n) = OFF_RSS.get_ptr_mut(flow) {
+            // SAFETY: a map value, aligned; atomic, as the flow's segments
+            // leave on several CPUs at once in the `atr` mode.
+            unsafe { core::arch::asm!("lock *(u64 *)({0} + 0) += {1}", in(reg) n, in(reg) 1u64) };
+        }
     }
 
     /// Sends the packet out on `queue` of the multi-queue veth (the

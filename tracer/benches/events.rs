@@ -177,6 +177,7 @@ fn step(topo: &Topology, rate: u64, senders: usize, ring_mib: u32) -> Step {
             progress: false,
             live: None,
             metrics: None,
+            nic: None,
         },
     )
     .expect("collecting");

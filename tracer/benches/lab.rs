@@ -127,6 +127,7 @@ fn upload(attached: Attached) -> Run {
                 progress: false,
                 live: None,
                 metrics: None,
+                nic: None,
             },
         )
         .expect("collect");

@@ -16,6 +16,7 @@ pub mod jsonl;
 pub mod kernel;
 pub mod lab;
 pub mod metrics;
+pub mod nic;
 pub mod output;
 pub mod pcapng;
 pub mod plot;

@@ -42,6 +42,20 @@ struct VerdictLabel {
     verdict: &'static str,
 }
 
+/// A NIC statistic that says something about steering: its driver's name
+/// and what it means (bounded: the driver's steering counters and one per
+/// RX queue).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NicStatLabel {
+    statistic: String,
+    meaning: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FlagLabel {
+    flag: String,
+}
+
 /// A histogram whose buckets come whole from the engine's distributions
 /// (shared by the registry and the updates).
 #[derive(Clone, Debug, Default)]
@@ -108,6 +122,11 @@ struct Values {
     evicted_for_memory: Counter,
     late_time: Buckets,
     extent: Buckets,
+    rss_segments: Counter,
+    rss_off_queue: Counter,
+    nic_statistics: Family<NicStatLabel, Counter>,
+    nic_private_flags: Family<FlagLabel, Gauge>,
+    fix_suggested: Gauge,
 }
 
 /// Raises a counter to `to` (totals only grow; after the live view's
@@ -205,6 +224,25 @@ impl Metrics {
         raise(&v.evicted_for_memory, s.memory.evicted_for_memory);
         v.late_time.set(&r.late_time_us, 1e-6);
         v.extent.set(&r.extent, 1.0);
+        if let Some(rss) = &t.rss {
+            raise(&v.rss_segments, rss.segments);
+            raise(&v.rss_off_queue, rss.off_queue);
+        }
+        if let Some(nic) = &s.nic {
+            for (name, d) in &nic.deltas {
+                let label = NicStatLabel {
+                    statistic: name.clone(),
+                    meaning: d.meaning.label(),
+                };
+                raise(&v.nic_statistics.get_or_create(&label), d.delta);
+            }
+            for (flag, on) in &nic.end.private_flags {
+                v.nic_private_flags
+                    .get_or_create(&FlagLabel { flag: flag.clone() })
+                    .set(i64::from(*on));
+            }
+        }
+        v.fix_suggested.set(i64::from(s.fix.is_some()));
     }
 }
 
@@ -316,6 +354,31 @@ fn register(r: &mut Registry, v: &Values) {
         "extent",
         "RFC 4737 reordering extent of late segments, in segments",
         v.extent.clone(),
+    );
+    r.register(
+        "rss_segments",
+        "Segments checked against the queue the NIC's RSS picks for their flow (its key and table known)",
+        v.rss_segments.clone(),
+    );
+    r.register(
+        "rss_off_queue_segments",
+        "Segments that arrived on another queue than RSS picks: steered by something else (Flow Director/ATR, aRFS, an ntuple rule)",
+        v.rss_off_queue.clone(),
+    );
+    r.register(
+        "nic_statistic_increase",
+        "How much a NIC statistic about steering grew since the tracer started (Flow Director matches, flushes, misses; each RX queue's packets), by the driver's name",
+        v.nic_statistics.clone(),
+    );
+    r.register(
+        "nic_private_flag",
+        "The NIC driver's private flags (1 on, 0 off), e.g. i40e's flow-director-atr",
+        v.nic_private_flags.clone(),
+    );
+    r.register(
+        "fix_suggested",
+        "1 when flows are reordered by steering and the report suggests a fix for the NIC",
+        v.fix_suggested.clone(),
     );
 }
 

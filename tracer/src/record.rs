@@ -17,6 +17,7 @@ use crate::{
     engine::Engine,
     kernel::{Counters, Tracer},
     metrics::Metrics,
+    nic::{NicEvidence, NicWatch},
     report,
     sink::Sink,
     source::{self, Raw},
@@ -43,6 +44,8 @@ pub struct RecordOptions<'a> {
     pub live: Option<&'a mut tui::Link>,
     /// Served metrics, updated every second and at the end.
     pub metrics: Option<&'a Metrics>,
+    /// The NIC, read every second for the live view and the metrics.
+    pub nic: Option<&'a mut NicWatch>,
 }
 
 pub struct Outcome {
@@ -104,7 +107,9 @@ pub fn run(
                 if asked.reset {
                     engine.reset();
                 }
-                let snapshot = engine.live_snapshot(tui::SHOWN_FLOWS, asked.keep.as_ref());
+                let snapshot = engine
+                    .live_snapshot(tui::SHOWN_FLOWS, asked.keep.as_ref())
+                    .with_nic(nic_now(&opts.nic));
                 link.sample(
                     snapshot,
                     engine.live(),
@@ -122,8 +127,13 @@ pub fn run(
             for sink in sinks.iter_mut() {
                 sink.flush(&counters)?;
             }
+            let nic_read = opts.metrics.is_some() || opts.live.is_some();
+            if let Some(nic) = opts.nic.as_deref_mut().filter(|_| nic_read) {
+                nic.read();
+            }
             if let Some(m) = opts.metrics {
-                m.update(&engine.live_snapshot(0, None), &counters, resident().0);
+                let s = engine.live_snapshot(0, None).with_nic(nic_now(&opts.nic));
+                m.update(&s, &counters, resident().0);
             }
             if opts.progress {
                 let live = engine.live();
@@ -158,12 +168,17 @@ pub fn run(
     // kernel wrote, and the counters read after it are final.
     tracer.detach();
     while !drain(tracer, engine, sinks, &mut received, &mut decode_errors) {}
+    // The NIC's last reading: what the report and the metrics both say.
+    if let Some(nic) = opts.nic.as_deref_mut() {
+        nic.read();
+    }
     let counters = tracer.counters()?;
     for sink in sinks.iter_mut() {
         sink.flush(&counters)?;
     }
     if let Some(m) = opts.metrics {
-        m.update(&engine.live_snapshot(0, None), &counters, resident().0);
+        let s = engine.live_snapshot(0, None).with_nic(nic_now(&opts.nic));
+        m.update(&s, &counters, resident().0);
     }
     Ok(Outcome {
         stop,
@@ -173,6 +188,11 @@ pub fn run(
         decode_errors,
         peak_resident_bytes: resident().1,
     })
+}
+
+/// The NIC's latest reading, for a snapshot.
+fn nic_now(nic: &Option<&mut NicWatch>) -> Option<NicEvidence> {
+    nic.as_deref().and_then(NicWatch::evidence).cloned()
 }
 
 const TICK: Duration = Duration::from_secs(1);

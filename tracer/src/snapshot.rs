@@ -10,6 +10,10 @@ use serde::Serialize;
 use crate::{
     config::EngineConfig,
     kernel::{Counters, KernelReport},
+    nic::{
+        fix::{self, Fix},
+        NicEvidence,
+    },
     replay::Replay,
     source::Flow,
 };
@@ -29,6 +33,12 @@ pub struct Snapshot {
     pub peak_resident_bytes: Option<u64>,
     /// What the engine's flows hold, its budget, and what it gave up.
     pub memory: Memory,
+    /// What the NIC said at the start and end of a live trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nic: Option<NicEvidence>,
+    /// With flows reordered by steering: what to change on the NIC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<Fix>,
 }
 
 /// The engine's memory: its budget, what its flows hold, what it gave up
@@ -59,6 +69,21 @@ impl Snapshot {
     /// Adds the collector's peak resident memory.
     pub fn with_resident(mut self, peak_bytes: u64) -> Self {
         self.peak_resident_bytes = Some(peak_bytes);
+        self
+    }
+
+    /// Adds what the NIC said at the start and end,
+    /// and the fix it suggests for what the flows showed.
+    pub fn with_nic(mut self, nic: Option<NicEvidence>) -> Self {
+        let t = &self.totals;
+        let seen = fix::Seen {
+            nic_steering_flows: t.verdicts.get(&Verdict::NicSteering).copied().unwrap_or(0),
+            off_rss: t.rss.map(|r| (r.off_queue, r.segments)),
+            queue_migrations: t.reordering.queue_migrations,
+            cpu_migrations: t.reordering.cpu_migrations,
+        };
+        self.fix = nic.as_ref().and_then(|n| fix::suggest(n, seen));
+        self.nic = nic;
         self
     }
 
@@ -188,6 +213,42 @@ pub struct Totals {
     pub dropped_events: u64,
     /// Every flow's replay, summed (goodputs add).
     pub replay: Replay,
+    /// RSS against the observed queues, over every flow (with the NIC's
+    /// RSS key and table known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss: Option<RssTotals>,
+}
+
+/// One flow's segments against the queue RSS picks for it: those that
+/// arrived on another queue were steered by something other than RSS
+/// (Flow Director/ATR, aRFS, an ntuple rule).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RssCheck {
+    /// The RX queue RSS picks for the flow.
+    pub queue: u32,
+    /// Segments seen (in summary mode, with those the kernel counted).
+    pub segments: u64,
+    /// Segments that arrived on another queue.
+    pub off_queue: u64,
+}
+
+/// [`RssCheck`] summed over flows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RssTotals {
+    pub flows: u64,
+    /// Flows with a segment off their RSS queue.
+    pub flows_off: u64,
+    pub segments: u64,
+    pub off_queue: u64,
+}
+
+impl RssTotals {
+    pub fn add(&mut self, check: &RssCheck) {
+        self.flows += 1;
+        self.flows_off += u64::from(check.off_queue > 0);
+        self.segments += check.segments;
+        self.off_queue += check.off_queue;
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -223,6 +284,10 @@ pub struct FlowReport {
     /// The flow's arrivals replayed through the sender policies, once
     /// asked for (`Engine::replay`; none for a flow without data).
     pub replay: Option<Replay>,
+    /// Its segments against the queue RSS picks (with the NIC's RSS key
+    /// and table known).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss: Option<RssCheck>,
     /// What kind of sender it is, when the caller knows its address
     /// ([`Snapshot::name_senders`]: the lab's senders).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -193,6 +193,17 @@ fn off_mode_reports_no_reordering() {
             assert_eq!(u(&truth["queue_changes"]), 0);
             assert_eq!(f["verdict"], "none");
             assert_eq!(u(&sockets["received"]), 32 << 20);
+            // The edge is RSS only here: every segment on the queue the
+            // edge's key and table pick, as the tracer computes it.
+            assert_eq!(u(&truth["off_rss"]), 0);
+            assert_eq!(u(&f["rss"]["off_queue"]), 0, "{}", f["evidence"]);
+            assert_eq!(
+                f["rx_queues"].as_array().unwrap().len(),
+                1,
+                "{}",
+                f["rx_queues"]
+            );
+            assert_eq!(f["rx_queues"][0]["id"], f["rss"]["queue"]);
             // Segments above a hole (after a loss) match the receiver's
             // own out-of-order count.
             let (ah, ooo) = (u(&f["above_hole"]), u(&sockets["rcv_ooopack"]));
@@ -225,6 +236,35 @@ fn off_mode_reports_no_reordering() {
                 assert_eq!(u(&p["spurious_recovery_episodes"]), 0, "{}", why());
             }
         }
+        // What the NIC says, read from the kernel: veth answers its driver,
+        // channels and per-queue statistics (no RSS, no flags: said, not
+        // an error). Every segment the tracer saw on a queue passed veth's
+        // XDP path between the two readings, so each queue's packet count
+        // grew by at least as many.
+        let nic = &r["nic"];
+        assert_eq!(nic["end"]["driver"], "veth", "{nic}");
+        let queues = r["lab"]["edge"]["queue_cpus"].as_array().unwrap().len() as u64;
+        assert_eq!(u(&nic["end"]["channels"]["rx"]), queues, "{nic}");
+        assert!(
+            nic["end"]["unanswered"]
+                .to_string()
+                .contains("ETHTOOL_GRSSH"),
+            "{nic}"
+        );
+        let mut seen = std::collections::BTreeMap::<u64, u64>::new();
+        for f in r["flows"].as_array().unwrap() {
+            for q in f["rx_queues"].as_array().unwrap() {
+                *seen.entry(u(&q["id"])).or_default() += u(&q["segments"]);
+            }
+        }
+        for (q, segments) in seen {
+            let grew = &nic["deltas"][format!("rx_queue_{q}_xdp_packets")];
+            assert!(
+                u(&grew["delta"]) >= segments,
+                "queue {q}: {segments} traced, {grew}"
+            );
+        }
+        assert_eq!(r.get("fix"), None, "no steering, nothing to fix");
         assert_clean();
     }
 }
@@ -333,6 +373,40 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
             // (the edge's own count; how many the tracer attributes is in
             // `cargo xtask validate`).
             assert_eq!(f["verdict"], "nic-steering", "{what}: {}", f["evidence"]);
+            // RSS against the observed queues: each segment the edge sent
+            // off the flow's RSS queue (after a re-point, which every late
+            // segment needs) arrived off it, as the edge counted them; a
+            // packet lost on the way is one fewer, a segment the kernel
+            // summarized is counted on the flow's latest queue.
+            let (seen_off, edge_off) = (u(&f["rss"]["off_queue"]), u(&truth["off_rss"]));
+            eprintln!("{what}: off the RSS queue: tracer {seen_off}, edge {edge_off}");
+            assert!(edge_off > 0, "{what}");
+            if on_the_way + summarized == 0 {
+                assert_eq!(seen_off, edge_off, "{what}");
+            } else {
+                assert!(
+                    seen_off <= edge_off + summarized && edge_off <= seen_off + on_the_way,
+                    "{what}: tracer {seen_off}, edge {edge_off}"
+                );
+            }
+            assert!(
+                f["evidence"]
+                    .as_str()
+                    .unwrap()
+                    .contains("off its RSS queue"),
+                "{what}: {}",
+                f["evidence"]
+            );
+            // The fix, with the counts behind it (veth names no steering
+            // feature: where to look).
+            let fix = &r["fix"];
+            assert!(
+                fix["evidence"]
+                    .as_str()
+                    .unwrap()
+                    .contains("off their RSS queue"),
+                "{what}: {fix}"
+            );
             // The kernel's own count, by its own rule, at the TCP layer.
             let receiver = &r["lab"]["receiver_counters"];
             assert!(

@@ -119,8 +119,13 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
     spec.until_late = Some(500);
     spec.timeout = Duration::from_secs(60);
     let mut lab = Lab::create(&spec).unwrap();
+    // The edge's RSS key and table, as a user gives a NIC's by hand.
+    let rss = lab.rss();
+    let key: Vec<String> = rss.key.iter().map(|b| format!("{b:02x}")).collect();
+    let indir: Vec<String> = rss.indir.iter().map(u32::to_string).collect();
     let mut record = Command::new(BIN)
         .args(["record", "--json", "--quiet", "--iface", lab::SERVER_IF])
+        .args(["--rss-key", &key.join(":"), "--rss-indir", &indir.join(",")])
         .args([
             "--netns",
             &lab.topo.server_ns,
@@ -253,5 +258,26 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
         m("tracer_late_time_seconds_bucket{le=\"+Inf\"}"),
         u(&t["late_time_us"]["count"])
     );
+    // The RSS check, and what the NIC said: its per-queue packets only
+    // grow (the report's reading comes after the last scrape).
+    let rss = &t["rss"];
+    assert!(u(&rss["off_queue"]) > 0.0, "{rss}");
+    assert_eq!(m("tracer_rss_segments_total"), u(&rss["segments"]));
+    assert_eq!(
+        m("tracer_rss_off_queue_segments_total"),
+        u(&rss["off_queue"])
+    );
+    let deltas = report["nic"]["deltas"].as_object().unwrap();
+    assert!(!deltas.is_empty(), "{}", report["nic"]);
+    for (name, d) in deltas {
+        let key = format!(
+            "tracer_nic_statistic_increase_total{{statistic=\"{name}\",meaning=\"{}\"}}",
+            d["meaning"].as_str().map_or("rx_packets", |m| m)
+        );
+        assert!(m(&key) <= u(&d["delta"]), "{key}: {}", d["delta"]);
+    }
+    // Flows reordered by steering: a fix is suggested.
+    assert!(report["fix"]["suggestion"].is_string(), "{}", report["fix"]);
+    assert_eq!(m("tracer_fix_suggested"), 1.0);
     assert!(lab::lab_namespaces().is_empty());
 }

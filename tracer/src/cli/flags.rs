@@ -11,6 +11,7 @@ use crate::{
     filter::Filter,
     kernel::{TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
+    nic::rss::Rss,
     plot::ColorBy,
     record, SetupError,
 };
@@ -176,6 +177,16 @@ pub struct ReportArgs {
     /// ticks) even where its socket is this host's, as for a remote sender.
     #[arg(long)]
     pub(crate) timestamp_clock: bool,
+    /// The NIC's RSS hash key, for a NIC that does not report it: hex
+    /// bytes separated by colons, as `ethtool -x IF` prints it. With
+    /// --rss-indir, each flow's segments are checked against the queue RSS
+    /// picks: those elsewhere were steered by something else.
+    #[arg(long, value_name = "HEX", requires = "rss_indir")]
+    pub(crate) rss_key: Option<String>,
+    /// The NIC's RSS indirection table: its queues in order, separated by
+    /// commas (`ethtool -x IF` lists them).
+    #[arg(long, value_name = "QUEUES", requires = "rss_key")]
+    pub(crate) rss_indir: Option<String>,
 }
 
 impl ReportArgs {
@@ -251,13 +262,27 @@ impl ReportArgs {
             classic_undo: self.classic_undo,
             timestamp_clock: self.timestamp_clock,
         };
-        Ok(Engine::new(EngineConfig {
+        let mut engine = Engine::new(EngineConfig {
             max_flows: self.max_flows,
             dt: self.dt,
             bt: self.bt,
             replay,
             ..EngineConfig::default()
-        }))
+        });
+        if let Some(rss) = self.rss()? {
+            engine.set_rss(rss);
+        }
+        Ok(engine)
+    }
+
+    /// `--rss-key` with `--rss-indir`.
+    pub(crate) fn rss(&self) -> Result<Option<Rss>, SetupError> {
+        let (Some(key), Some(indir)) = (&self.rss_key, &self.rss_indir) else {
+            return Ok(None);
+        };
+        Rss::parse(key, indir)
+            .map(Some)
+            .map_err(|e| SetupError::BadArgument(format!("bad --rss-key/--rss-indir: {e}")))
     }
 }
 

@@ -13,10 +13,14 @@ use crate::{filter::Filter, lab, report};
 
 pub fn lab(args: LabArgs) -> Result<ExitCode> {
     let LabPlan { spec, pace } = args.plan()?;
-    let engine = args.trace.report.engine()?;
+    let mut engine = args.trace.report.engine()?;
     crate::require_root()?;
     let out = Outputs::open(&args.trace)?;
     let mut lab = lab::Lab::create(&spec)?;
+    if args.trace.report.rss_key.is_none() {
+        // What the edge's NIC would report.
+        engine.set_rss(lab.rss());
+    }
     let opts = args.trace.tracer_options(
         lab::SERVER_IF.to_string(),
         Some(lab.topo.server_ns.clone()),

@@ -13,6 +13,7 @@ use crate::{
     jsonl::JsonLines,
     kernel::{KernelReport, Tracer, TracerOptions},
     metrics::Metrics,
+    nic::{NicEvidence, NicWatch},
     output::OutputFile,
     pcapng::{self, PcapngWriter},
     record::{self, Outcome, RecordOptions, StopReason},
@@ -32,6 +33,9 @@ pub(super) struct Run {
     screen: LiveScreen,
     opts: TracerOptions,
     linux: Option<KernelReport>,
+    /// What the NIC says, read when the run began, every second while
+    /// live and when it stopped.
+    nic: NicWatch,
 }
 
 /// A run that has ended: what it collected, ready to report.
@@ -40,6 +44,7 @@ pub(super) struct Ended {
     pub outcome: Outcome,
     out: Outputs,
     linux: Option<KernelReport>,
+    nic: Option<NicEvidence>,
     /// The report's first line.
     pub header: String,
 }
@@ -58,6 +63,18 @@ impl Run {
             ..opts
         };
         let tracer = Tracer::attach(&opts)?;
+        let nic = NicWatch::start(&opts.iface, opts.netns.as_deref());
+        if engine.rss().is_none() {
+            // The NIC's own RSS, when it hashes as the check does.
+            let first = nic.first();
+            if let Some(rss) = first
+                .rss
+                .clone()
+                .filter(|_| first.rss_function.as_deref() == Some("toeplitz"))
+            {
+                engine.set_rss(rss);
+            }
+        }
         trace.report.fit_memory(&mut engine)?;
         out.file.begin(&tracer, trace)?;
         Ok(Self {
@@ -67,6 +84,7 @@ impl Run {
             screen: LiveScreen(None),
             opts,
             linux: None,
+            nic,
         })
     }
 
@@ -107,6 +125,7 @@ impl Run {
                 progress: !quiet && live.is_none(),
                 live,
                 metrics: self.out.metrics.as_ref(),
+                nic: Some(&mut self.nic),
             },
         )
     }
@@ -130,6 +149,7 @@ impl Run {
             outcome,
             out: self.out,
             linux: self.linux,
+            nic: self.nic.evidence().cloned(),
         })
     }
 }
@@ -143,6 +163,7 @@ impl Ended {
         s.with_kernel(&self.outcome.counters)
             .with_linux(self.linux.clone())
             .with_resident(self.outcome.peak_resident_bytes)
+            .with_nic(self.nic.clone())
     }
 
     /// The final report, text or JSON; `extra` is added to the JSON's top

@@ -159,8 +159,13 @@ impl Engine {
                 over = over.saturating_sub(FLOW_SLOT_BYTES + f.held);
                 go
             });
-            for (_, f) in evicted {
-                self.retired.retire(&f, &self.cfg.replay, &self.link);
+            let ctx = super::FlowContext {
+                replay: &self.cfg.replay,
+                link: &self.link,
+                rss: self.rss.as_ref(),
+            };
+            for (flow, f) in evicted {
+                self.retired.retire(&flow, &f, &ctx);
                 self.memory.evicted_for_memory += 1;
             }
         }

@@ -27,7 +27,8 @@ use hdrhistogram::Histogram;
 
 pub use crate::config::{EngineConfig, VerdictRules};
 use crate::{
-    snapshot::{Class, Live, Memory, Snapshot, TcpLayer},
+    nic::rss::Rss,
+    snapshot::{Class, Live, Memory, RssTotals, Snapshot, TcpLayer},
     source::{Flow, Observation, Retransmit, Segment, TcpProbe},
 };
 use density::{BufferDensity, ReorderDensity};
@@ -455,6 +456,9 @@ pub struct Engine {
     memory: Memory,
     /// The traced link's bins, which the flows' replays share.
     link: Link,
+    /// The NIC's RSS key and table, when known: each flow's segments are
+    /// checked against the queue RSS picks.
+    rss: Option<Rss>,
 }
 
 /// The books on flows: what evicted ones contributed (so totals stay
@@ -469,11 +473,11 @@ struct Retired {
 }
 
 impl Retired {
-    fn retire(&mut self, old: &FlowState, replay: &ReplayConfig, link: &Link) {
+    fn retire(&mut self, flow: &Flow, old: &FlowState, ctx: &FlowContext) {
         self.evictions += 1;
         self.flows_held -= old.held;
-        self.totals.add_flow(old);
-        if let Some(r) = old.replay(replay, link) {
+        self.totals.add_flow(flow, old, ctx.rss);
+        if let Some(r) = old.replay(ctx.replay, ctx.link) {
             let t = &mut self.totals.replay;
             *t = Some(Replay::total(t.iter().chain([&r])));
         }
@@ -492,10 +496,17 @@ pub struct FlowTotals {
     /// Evicted flows' replays, summed (tracked ones are replayed at
     /// snapshot time).
     pub replay: Option<Replay>,
+    /// Flows checked against RSS (with its table known).
+    pub rss: Option<RssTotals>,
 }
 
 impl FlowTotals {
-    fn add_flow(&mut self, f: &FlowState) {
+    fn add_flow(&mut self, flow: &Flow, f: &FlowState, rss: Option<&Rss>) {
+        if let Some(rss) = rss {
+            self.rss
+                .get_or_insert_default()
+                .add(&view::rss_check(flow, f, rss));
+        }
         if let Some(w) = &f.wire {
             self.m.add(&w.metrics_with_densities());
         }
@@ -534,8 +545,19 @@ impl Engine {
                 ..Memory::default()
             },
             link: Link::default(),
+            rss: None,
             cfg,
         }
+    }
+
+    /// Checks every flow's segments against the queue this RSS key and
+    /// table pick for it.
+    pub fn set_rss(&mut self, rss: Rss) {
+        self.rss = Some(rss);
+    }
+
+    pub fn rss(&self) -> Option<&Rss> {
+        self.rss.as_ref()
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -551,15 +573,12 @@ impl Engine {
     }
 
     fn flow(&mut self, flow: Flow, ts_ns: u64) -> &mut FlowState {
-        let replay = &self.cfg.replay;
-        tracked(
-            &mut self.flows,
-            &mut self.retired,
-            replay,
-            &self.link,
-            flow,
-            ts_ns,
-        )
+        let ctx = FlowContext {
+            replay: &self.cfg.replay,
+            link: &self.link,
+            rss: self.rss.as_ref(),
+        };
+        tracked(&mut self.flows, &mut self.retired, &ctx, flow, ts_ns)
     }
 
     /// Processes one observation; wire segments with data get their class.
@@ -591,14 +610,12 @@ impl Engine {
         self.live.segments += 1;
         self.live.payload_bytes += u64::from(s.payload_len);
         let cfg = self.cfg;
-        let f = tracked(
-            &mut self.flows,
-            &mut self.retired,
-            &cfg.replay,
-            &self.link,
-            s.flow,
-            s.ts_ns,
-        );
+        let ctx = FlowContext {
+            replay: &self.cfg.replay,
+            link: &self.link,
+            rss: self.rss.as_ref(),
+        };
+        let f = tracked(&mut self.flows, &mut self.retired, &ctx, s.flow, s.ts_ns);
         f.segments += 1;
         path(&mut f.paths, s.rx_queue, s.cpu).segments += 1;
         if s.flags & SYN != 0 {
@@ -805,7 +822,9 @@ impl Engine {
 
     /// Forgets everything seen so far (the same configuration).
     pub fn reset(&mut self) {
+        let rss = self.rss.take();
         *self = Engine::new(self.cfg);
+        self.rss = rss;
     }
 
     // (Out of line: inlined next to the per-segment path, it cost that
@@ -817,7 +836,7 @@ impl Engine {
         // Over every tracked flow, not only those shown.
         let mut verdicts = BTreeMap::new();
         for (flow, f) in self.flows.iter() {
-            totals.add_flow(f);
+            totals.add_flow(flow, f, self.rss.as_ref());
             let v = f.wire.as_ref().map_or(crate::snapshot::Verdict::None, |w| {
                 verdict::of(&w.m, &self.cfg.verdict)
             });
@@ -844,7 +863,7 @@ impl Engine {
         }
         let mut flows: Vec<_> = shown
             .into_iter()
-            .map(|(flow, f)| view::flow_report(flow, f, &self.cfg))
+            .map(|(flow, f)| view::flow_report(flow, f, &self.cfg, self.rss.as_ref()))
             .collect();
         flows.sort_by(|a, b| {
             b.reordered
@@ -891,11 +910,17 @@ impl Engine {
 
 /// `flow`'s state, tracked from `ts_ns` if new (the table's least recent
 /// flow retired to make room), seen last at `ts_ns`.
+/// What a flow leaving the table is replayed and checked with.
+struct FlowContext<'a> {
+    replay: &'a ReplayConfig,
+    link: &'a Link,
+    rss: Option<&'a Rss>,
+}
+
 fn tracked<'a>(
     flows: &'a mut FlowTable<FlowState>,
     retired: &mut Retired,
-    replay: &ReplayConfig,
-    link: &Link,
+    ctx: &FlowContext,
     flow: Flow,
     ts_ns: u64,
 ) -> &'a mut FlowState {
@@ -903,8 +928,8 @@ fn tracked<'a>(
         first_ns: ts_ns,
         ..Default::default()
     });
-    if let Some((_, old)) = evicted {
-        retired.retire(&old, replay, link);
+    if let Some((key, old)) = evicted {
+        retired.retire(&key, &old, ctx);
     }
     f.last_ns = ts_ns;
     f

@@ -12,10 +12,11 @@ use super::{
 };
 use crate::{
     config::EngineConfig,
+    nic::rss::Rss,
     replay::Replay,
     snapshot::{
         AttributionReport, Densities, Distribution, FlowReport, Memory, NReordering, Pair,
-        PathReport, Reordering, Runs, Snapshot, Spread, Totals, Verdict,
+        PathReport, Reordering, RssCheck, Runs, Snapshot, Spread, Totals, Verdict,
     },
     source::Flow,
 };
@@ -165,10 +166,37 @@ fn path_reports(paths: impl Iterator<Item = Path>) -> Vec<PathReport> {
     v
 }
 
+/// `flow`'s segments against the queue `rss` picks for it.
+pub(crate) fn rss_check(flow: &Flow, f: &FlowState, rss: &Rss) -> RssCheck {
+    let queue = rss.queue_of(flow);
+    let on = |p: &&Path| p.queue == queue;
+    RssCheck {
+        queue,
+        segments: f.paths.iter().map(|p| p.segments).sum(),
+        off_queue: f.paths.iter().filter(|p| !on(p)).map(|p| p.segments).sum(),
+    }
+}
+
 /// One flow's report, not yet replayed.
-pub(crate) fn flow_report(flow: &Flow, f: &FlowState, cfg: &EngineConfig) -> FlowReport {
+pub(crate) fn flow_report(
+    flow: &Flow,
+    f: &FlowState,
+    cfg: &EngineConfig,
+    rss: Option<&Rss>,
+) -> FlowReport {
     let m = f.wire_metrics().unwrap_or_default();
-    let (verdict, evidence) = verdict::judge(&m, &cfg.verdict);
+    let (verdict, mut evidence) = verdict::judge(&m, &cfg.verdict);
+    let rss = rss.map(|rss| rss_check(flow, f, rss));
+    if let Some(c) = &rss {
+        evidence.push_str(&if c.off_queue == 0 {
+            format!("; every segment on its RSS queue {}", c.queue)
+        } else {
+            format!(
+                "; {} of {} segments off its RSS queue {}: steered by something other than RSS (Flow Director/ATR, aRFS or an ntuple rule)",
+                c.off_queue, c.segments, c.queue
+            )
+        });
+    }
     FlowReport {
         key: *flow,
         src: flow.src.to_string(),
@@ -186,6 +214,7 @@ pub(crate) fn flow_report(flow: &Flow, f: &FlowState, cfg: &EngineConfig) -> Flo
         duration_s: f.last_ns.saturating_sub(f.first_ns) as f64 / 1e9,
         seq_advance_bytes: f.seq_advance(),
         replay: None,
+        rss,
         sender: None,
     }
 }
@@ -219,6 +248,7 @@ pub(crate) fn build(
             dropped_events: 0,
             // (None replayed yet: `Engine::replay`.)
             replay: Replay::total([]),
+            rss: totals.rss,
         },
         flows,
         tracked_flows: tracked,
@@ -228,6 +258,8 @@ pub(crate) fn build(
         linux: None,
         peak_resident_bytes: None,
         memory: Memory::default(),
+        nic: None,
+        fix: None,
     }
 }
 

@@ -8,7 +8,11 @@
 //!   CPU then race the new ones: the ATR signature.
 //! * `pattern`: exact reordering by a userspace thread ([`super::pattern`]);
 //!   queue and CPU never change.
-//! * `off`: plain forwarding; each flow keeps its hashed queue.
+//! * `off`: plain forwarding; each flow keeps its RSS queue.
+//!
+//! A new flow starts on the queue RSS picks, as on a NIC: the Toeplitz hash
+//! of its addresses and ports under [`rss`]'s key, through its indirection
+//! table; the lab hands the tracer the same key and table.
 //!
 //! In every mode the egress program reports each data segment leaving
 //! towards the server, which is the ground truth ([`Truth`]).
@@ -36,7 +40,10 @@ use aya::{
     Ebpf,
 };
 use serde::Serialize;
-use tracer_common::edge::{self, counter, EdgeConfig, EdgeEvent};
+use tracer_common::{
+    edge::{self, counter, EdgeConfig, EdgeEvent},
+    rss,
+};
 
 use super::{
     pattern::{Pattern, PatternTruth, Reorderer},
@@ -45,6 +52,7 @@ use super::{
 };
 use crate::{
     kernel::{self, netns::NetnsGuard, KernelFeatures},
+    nic::rss::Rss,
     SetupError,
 };
 
@@ -72,7 +80,7 @@ impl std::fmt::Display for Mode {
                 "atr: each flow re-pointed to another queue and CPU {rate} times a second, {qsize} packets of CPU queue"
             ),
             Mode::Pattern { pattern } => write!(f, "pattern {pattern}: one queue, one CPU"),
-            Mode::Off => write!(f, "off: plain forwarding, each flow on its hashed queue"),
+            Mode::Off => write!(f, "off: plain forwarding, each flow on its RSS queue"),
         }
     }
 }
@@ -90,6 +98,18 @@ pub struct EdgeReport {
     pub counters: std::collections::BTreeMap<&'static str, u64>,
 }
 
+/// The edge's RSS, as a NIC would report it: Microsoft's verification key
+/// and a table of 128 entries spread over the queues in turn (Linux's
+/// default, `ethtool_rxfh_indir_default`).
+pub fn rss(queues: u32) -> Rss {
+    Rss {
+        key: rss::VERIFICATION_KEY.to_vec(),
+        indir: (0..edge::INDIR_ENTRIES)
+            .map(|i| i % queues.max(1))
+            .collect(),
+    }
+}
+
 /// A stopping point for the upload: the edge has made at least `late`
 /// late segments in each of `flows` flows.
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +124,7 @@ pub struct Edge {
     /// The programs and their links (dropping detaches).
     ebpf: Option<Ebpf>,
     counters: PerCpuArray<MapData, u64>,
+    off_rss: HashMap<MapData, u32, u64>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<Truth>>,
     reorderer: Option<Reorderer>,
@@ -149,9 +170,15 @@ impl Edge {
                     edge::MODE_PASS
                 },
                 queues: topo.queues,
+                rss_key: rss::VERIFICATION_KEY,
+                indir_len: edge::INDIR_ENTRIES,
             },
             0,
         )?;
+        let mut indir = Array::<_, u32>::try_from(ebpf.map_mut("INDIR").context("no INDIR map")?)?;
+        for (i, q) in rss(topo.queues).indir.iter().enumerate() {
+            indir.set(i as u32, q, 0)?;
+        }
         let mut queue_cpu =
             Array::<_, u32>::try_from(ebpf.map_mut("QUEUE_CPU").context("no QUEUE_CPU map")?)?;
         for (q, cpu) in queue_cpus.iter().enumerate() {
@@ -199,6 +226,7 @@ impl Edge {
             ebpf.take_map("EDGE_COUNTERS")
                 .context("no EDGE_COUNTERS map")?,
         )?;
+        let off_rss = HashMap::try_from(ebpf.take_map("OFF_RSS").context("no OFF_RSS map")?)?;
         let reorderer = match mode {
             Mode::Pattern { pattern } => Some(Reorderer::start(&topo.edge_ns, pattern)?),
             _ => None,
@@ -220,6 +248,7 @@ impl Edge {
             queue_cpus,
             ebpf: Some(ebpf),
             counters,
+            off_rss,
             stop,
             thread: Some(thread),
             reorderer,
@@ -233,7 +262,7 @@ impl Edge {
         // thread's last drain then has every event.
         self.ebpf = None;
         self.stop.store(true, Ordering::SeqCst);
-        let truth = self
+        let mut truth = self
             .thread
             .take()
             .expect("finished once")
@@ -243,6 +272,13 @@ impl Edge {
         for (name, index) in COUNTER_NAMES {
             let v: u64 = self.counters.get(&index, 0)?.iter().sum();
             counters.insert(name, v);
+        }
+        for entry in self.off_rss.iter() {
+            let (key, off) = entry?;
+            let port = (key >> 16) as u16;
+            if let Some(f) = truth.flows.iter_mut().find(|f| f.client_port == port) {
+                f.off_rss = off;
+            }
         }
         Ok(EdgeReport {
             mode: self.mode,

@@ -657,6 +657,11 @@ impl Lab {
 
     /// Starts the upload (attach the tracer first), with the sender-side
     /// ACK probe.
+    /// The edge's RSS key and table, as its NIC would report them.
+    pub fn rss(&self) -> crate::nic::rss::Rss {
+        edge::rss(self.topo.queues)
+    }
+
     pub fn start_upload(&mut self) -> Result<()> {
         self.probe = Some(SenderProbe::attach(&self.topo)?);
         self.upload = Some(Upload::start_until(

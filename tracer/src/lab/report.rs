@@ -93,8 +93,8 @@ pub fn text(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
         if let Some(t) = e.truth.flow(port) {
             let _ = writeln!(
                 out,
-                "    truth    {} of {} original segments left the edge late, {} behind a segment on another queue or CPU (and {} late retransmissions, {} late behind their own retransmission); {} queue changes",
-                t.late, t.segments, t.late_on_another_path, t.late_retransmissions, t.late_already_delivered, t.queue_changes
+                "    truth    {} of {} original segments left the edge late, {} behind a segment on another queue or CPU (and {} late retransmissions, {} late behind their own retransmission); {} queue changes; {} segments left off the flow's RSS queue",
+                t.late, t.segments, t.late_on_another_path, t.late_retransmissions, t.late_already_delivered, t.queue_changes, t.off_rss
             );
         }
         let src = r.flow.src.to_string();
@@ -102,11 +102,12 @@ pub fn text(s: &Snapshot, lab: &LabOutcome, opts: TextOptions) -> String {
             let a = &f.attribution;
             let _ = writeln!(
                 out,
-                "    tracer   {} reordered, {} overtaken on another queue or CPU, verdict {}; {} queue migrations; {} arrived above a hole, {} queued out of order and {} discarded by PAWS at the TCP layer",
+                "    tracer   {} reordered, {} overtaken on another queue or CPU, verdict {}; {} queue migrations{}; {} arrived above a hole, {} queued out of order and {} discarded by PAWS at the TCP layer",
                 f.reordered,
                 a.different_queue + a.different_cpu + a.different_queue_and_cpu,
                 f.verdict,
                 f.queue_migrations,
+                f.rss.map_or(String::new(), |c| format!("; {} segments arrived off the RSS queue", c.off_queue)),
                 f.above_hole,
                 f.tcp_layer.ofo_segments,
                 f.tcp_layer.paws_discarded

@@ -44,6 +44,9 @@ pub struct FlowTruth {
     pub queue_changes: u64,
     /// Segments per (queue, CPU) they were steered to.
     pub paths: BTreeMap<String, u64>,
+    /// TCP segments, data or not, that left on another queue than the one
+    /// RSS picks for the flow (counted by the edge's egress program).
+    pub off_rss: u64,
     /// The latest-entered segment gone so far: (index, queue, CPU).
     #[serde(skip)]
     newest: Option<(u64, u32, u32)>,

@@ -6,6 +6,7 @@ use std::{fmt::Write as _, time::Duration};
 use super::replay::replay_lines;
 use crate::{
     kernel::Counters,
+    nic::NicEvidence,
     snapshot::{Distribution, FlowReport, Snapshot, Verdict},
     source::capture::CaptureSummary,
 };
@@ -105,6 +106,23 @@ pub fn text(
         },
         verdicts.join(", ")
     );
+    if let Some(r) = &t.rss {
+        let _ = writeln!(
+            out,
+            "  rss        {}",
+            if r.off_queue == 0 {
+                format!(
+                    "every segment of {} flows arrived on its RSS queue",
+                    r.flows
+                )
+            } else {
+                format!(
+                    "{} of {} segments arrived off their flow's RSS queue, in {} of {} flows: something other than RSS steered them (Flow Director/ATR, aRFS or an ntuple rule)",
+                    r.off_queue, r.segments, r.flows_off, r.flows
+                )
+            }
+        );
+    }
     let _ = writeln!(
         out,
         "  tcp layer  {} tcp_probe events ({} late, {} duplicates, {} segments out-of-order queued, {} discarded by PAWS), {} local retransmissions",
@@ -135,6 +153,17 @@ pub fn text(
             "  capture    packets {}, TCP {}, non-TCP {}, truncated {}, unsupported link types {}, filtered out {}",
             c.packets, c.tcp, c.non_tcp, c.truncated, c.unsupported_link, c.filtered
         );
+    }
+    if let Some(nic) = &s.nic {
+        nic_lines(&mut out, nic);
+    }
+    if let Some(fix) = &s.fix {
+        let _ = writeln!(
+            out,
+            "  FIX        suggested, not run by the tracer: {}",
+            fix.suggestion
+        );
+        let _ = writeln!(out, "             because: {}", fix.evidence);
     }
     if let Some(linux) = &s.linux {
         let _ = writeln!(out, "  linux      {}", linux.release);
@@ -183,7 +212,7 @@ pub fn text(
 fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions, summarized: bool) {
     let _ = writeln!(
         out,
-        "    {}  {}: {} of {} segments reordered ({}), {} retransmitted, {:.1} MB{}, rx queues {}, cpus {}",
+        "    {}  {}: {} of {} segments reordered ({}), {} retransmitted, {:.1} MB{}, rx queues {}{}, cpus {}",
         f.flow(),
         f.verdict,
         f.reordered,
@@ -197,6 +226,10 @@ fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions, summarized: b
             tcp_layer_hole(f)
         },
         spread(&f.rx_queues),
+        f.rss.map_or(String::new(), |c| format!(
+            " (RSS picks {}: {} segments off it)",
+            c.queue, c.off_queue
+        )),
         spread(&f.cpus),
     );
     if f.reordered > 0 {
@@ -328,4 +361,113 @@ fn spread(list: &[crate::snapshot::Spread]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// What the NIC said: at the end of the run, and its steering statistics'
+/// change over it.
+fn nic_lines(out: &mut String, e: &NicEvidence) {
+    let n = &e.end;
+    let mut about = vec![match (&n.driver, &n.version) {
+        (Some(d), Some(v)) => format!("driver {d} {v}"),
+        (Some(d), None) => format!("driver {d}"),
+        _ => "driver unknown".to_string(),
+    }];
+    about.extend(n.firmware.as_ref().map(|f| format!("firmware {f}")));
+    about.extend(n.bus.as_ref().map(|b| format!("bus {b}")));
+    if let Some(c) = &n.channels {
+        about.push(format!(
+            "channels: {} combined, {} rx, {} tx",
+            c.combined, c.rx, c.tx
+        ));
+    }
+    if let Some(on) = n.ntuple {
+        about.push(format!("ntuple {}", if on { "on" } else { "off" }));
+    }
+    let _ = writeln!(out, "  nic        {}: {}", n.iface, about.join(", "));
+    if !n.private_flags.is_empty() {
+        let flags: Vec<String> = n
+            .private_flags
+            .iter()
+            .map(|(f, on)| format!("{f} {}", if *on { "on" } else { "off" }))
+            .collect();
+        let _ = writeln!(out, "  nic flags  {}", flags.join(", "));
+    }
+    if let Some(rss) = &n.rss {
+        let mut queues: Vec<u32> = rss.indir.clone();
+        queues.sort_unstable();
+        queues.dedup();
+        let _ = writeln!(
+            out,
+            "  nic rss    {}, a {}-byte key, a table of {} entries over queues {}",
+            n.rss_function.as_deref().unwrap_or("unknown function"),
+            rss.key.len(),
+            rss.indir.len(),
+            spread_ids(&queues)
+        );
+    }
+    let rps: Vec<String> = n
+        .rps
+        .iter()
+        .filter(|(_, r)| r.cpus.chars().any(|c| c != '0' && c != ','))
+        .map(|(q, r)| format!("rx-{q} to CPUs {} ({} flows)", r.cpus, r.flow_cnt))
+        .collect();
+    if !n.rps.is_empty() || n.rps_sock_flow_entries.is_some_and(|e| e > 0) {
+        let _ = writeln!(
+            out,
+            "  nic rps    {}; rps_sock_flow_entries {} (RFS {})",
+            if rps.is_empty() {
+                "off on every RX queue".to_string()
+            } else {
+                rps.join(", ")
+            },
+            n.rps_sock_flow_entries.unwrap_or(0),
+            if n.rps_sock_flow_entries.unwrap_or(0) > 0 {
+                "on"
+            } else {
+                "off"
+            }
+        );
+    }
+    if !n.irqs.is_empty() {
+        let irqs: Vec<String> = n
+            .irqs
+            .iter()
+            .map(|i| format!("{} (irq {}) on CPUs {}", i.name, i.irq, i.cpus))
+            .collect();
+        let _ = writeln!(out, "  nic irqs   {}", irqs.join(", "));
+    }
+    let changed: Vec<String> = e
+        .deltas
+        .iter()
+        .filter(|(_, d)| d.delta > 0)
+        .map(|(name, d)| format!("{name} +{}", d.delta))
+        .collect();
+    if !e.deltas.is_empty() {
+        let _ = writeln!(
+            out,
+            "  nic stats  over the run: {}",
+            if changed.is_empty() {
+                "no steering statistic changed".to_string()
+            } else {
+                changed.join(", ")
+            }
+        );
+    }
+    for what in &n.unanswered {
+        let _ = writeln!(out, "  nic        not answered: {what}");
+    }
+}
+
+/// `0-3` for consecutive ids, else a list.
+fn spread_ids(ids: &[u32]) -> String {
+    match (ids.first(), ids.last()) {
+        (Some(a), Some(b)) if (b - a) as usize + 1 == ids.len() && ids.len() > 2 => {
+            format!("{a}-{b}")
+        }
+        _ => ids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }

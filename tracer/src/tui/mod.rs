@@ -509,6 +509,32 @@ pub(crate) mod tests {
         assert_eq!(b[(x as u16, y as u16)].fg, Color::Red);
     }
 
+    /// The NIC's line: its steering flag and statistics, and the fix for
+    /// the flows the sample calls nic-steering.
+    #[test]
+    fn the_nic_line_shows_its_evidence_and_the_fix() {
+        use crate::nic::{NicEvidence, NicReport};
+        let nic = |atr: u64| NicReport {
+            iface: "eth0".into(),
+            driver: Some("i40e".into()),
+            private_flags: [("flow-director-atr".to_string(), true)].into(),
+            statistics: [("port.fdir_atr_match".to_string(), atr)].into(),
+            ..NicReport::default()
+        };
+        let mut s = sample(0);
+        s.snapshot = s
+            .snapshot
+            .with_nic(Some(NicEvidence::new(nic(10), nic(52))));
+        let screen = text(&draw(160, 24, Some(&s), &ViewState::default()));
+        for want in [
+            "NIC eth0 i40e  flow-director-atr on",
+            "port.fdir_atr_match +42",
+            "FIX: ethtool --set-priv-flags eth0 flow-director-atr off",
+        ] {
+            assert!(screen.contains(want), "{want:?} missing from\n{screen}");
+        }
+    }
+
     #[test]
     fn a_selected_flow_replaces_the_totals() {
         let s = sample(0);

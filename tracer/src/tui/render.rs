@@ -9,7 +9,10 @@ use ratatui::{
 };
 
 use super::{view::ViewState, Sample};
-use crate::snapshot::{Distribution, FlowReport, PathReport, Reordering};
+use crate::{
+    nic::Steering,
+    snapshot::{Distribution, FlowReport, PathReport, Reordering, Snapshot},
+};
 
 /// The smallest terminal the view is laid out for.
 pub const MIN_WIDTH: u16 = 80;
@@ -26,8 +29,8 @@ pub fn render(frame: &mut Frame, sample: Option<&Sample>, view: &ViewState) {
         return;
     }
     let [header, hists, flows, bottom, keys] = Layout::vertical([
-        Constraint::Length(2),
-        Constraint::Length(7),
+        Constraint::Length(3),
+        Constraint::Length(6),
         Constraint::Min(7),
         Constraint::Length(7),
         Constraint::Length(1),
@@ -129,7 +132,54 @@ fn header_lines<'a>(
         r.reordered_ratio * 100.0,
         r.retransmissions,
     )));
-    Paragraph::new(vec![Line::from(first), Line::from(second)])
+    Paragraph::new(vec![Line::from(first), Line::from(second), nic_line(s)])
+}
+
+/// What the NIC says (its driver, steering flags, the RSS check and its
+/// steering statistics since the start) and, with flows reordered by
+/// steering, the fix.
+fn nic_line(s: &Snapshot) -> Line<'static> {
+    let mut parts = Vec::new();
+    if let Some(e) = &s.nic {
+        let n = &e.end;
+        parts.push(format!(
+            "NIC {} {}",
+            n.iface,
+            n.driver.as_deref().unwrap_or("(driver unknown)")
+        ));
+        for (flag, on) in n
+            .private_flags
+            .iter()
+            .filter(|(f, _)| f.contains("atr") || f.contains("flow-director"))
+        {
+            parts.push(format!("{flag} {}", if *on { "on" } else { "off" }));
+        }
+        if let Some(on) = n.ntuple {
+            parts.push(format!("ntuple {}", if on { "on" } else { "off" }));
+        }
+    }
+    if let Some(r) = &s.totals.rss {
+        parts.push(format!("off RSS queue {}/{}", r.off_queue, r.segments));
+    }
+    if let Some(e) = &s.nic {
+        let steering: Vec<String> = e
+            .deltas
+            .iter()
+            .filter(|(_, d)| !matches!(d.meaning, Steering::RxPackets(_)) && d.delta > 0)
+            .map(|(name, d)| format!("{name} +{}", d.delta))
+            .collect();
+        parts.extend(steering);
+    }
+    let mut spans = vec![Span::raw(parts.join("  "))];
+    if let Some(fix) = &s.fix {
+        spans.push(Span::styled(
+            format!("  FIX: {}", fix.suggestion),
+            Style::default()
+                .fg(Color::Yellow)
+                .add_modifier(Modifier::BOLD),
+        ));
+    }
+    Line::from(spans)
 }
 
 /// Log2 buckets, merged in pairs until they fit `rows`.
