@@ -561,6 +561,11 @@ pub struct LabOutcome {
     /// Packets dropped between the senders and the edge: the client's
     /// veth TX drops and the guests' taps' RX drops (`ip -s link`).
     pub dropped_before_the_edge: u64,
+    /// Resets the server sent (`TcpOutRsts`): the answer to a segment that
+    /// arrived after its connection was over (a stale copy still inside the
+    /// edge when the upload finished), which the tracer may have stopped
+    /// before.
+    pub server_resets: u64,
     /// The WAN path's delay line and bottleneck, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wan: Option<WanReport>,
@@ -731,6 +736,10 @@ impl Lab {
         let sender_counters = in_netns(&self.topo.client_ns, || {
             truth::tcp_ext(truth::SENDER_COUNTERS)
         })?;
+        let server_resets = in_netns(&self.topo.server_ns, || truth::nstat(&["TcpOutRsts"]))?
+            .get("TcpOutRsts")
+            .copied()
+            .unwrap_or(0);
         let dropped_on_the_way = link_dropped(&self.topo.edge_ns, EDGE_SERVER_IF, "tx")?
             + link_dropped(&self.topo.server_ns, SERVER_IF, "rx")?;
         let mut dropped_before_the_edge = link_dropped(&self.topo.client_ns, CLIENT_IF, "tx")?;
@@ -758,6 +767,7 @@ impl Lab {
             until_late,
             dropped_on_the_way,
             dropped_before_the_edge,
+            server_resets,
             wan,
             receiver_dsack: self.spec.receiver_dsack,
         })

@@ -8,7 +8,7 @@ use std::{
     net::{Shutdown, SocketAddr, TcpListener, TcpStream},
     os::fd::AsRawFd,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
     time::{Duration, Instant},
@@ -61,30 +61,89 @@ pub fn expired(deadline: Instant, stop: &AtomicBool) -> bool {
     stop.load(Ordering::SeqCst) || Instant::now() >= deadline
 }
 
-/// Accepts `flows` connections and reads each to EOF.
+/// How far the server is, for telling when the last segment a client
+/// sent has arrived ([`ServerProgress::done_since`]).
+#[derive(Debug, Default)]
+pub struct ServerProgress {
+    accepted: AtomicUsize,
+    /// Connections read to EOF whose close has finished (our FIN
+    /// acknowledged: nothing more comes from that client), or given up.
+    closed: AtomicUsize,
+    /// Times the accept queue was found empty.
+    empty_polls: AtomicU64,
+}
+
+impl ServerProgress {
+    /// The count of empty accept queues seen so far.
+    pub fn empty_polls(&self) -> u64 {
+        self.empty_polls.load(Ordering::SeqCst)
+    }
+
+    /// Every connection made before the server found its accept queue
+    /// empty for the `after`-th time and later has been read and closed:
+    /// with `after` taken once every client had finished, no segment of
+    /// theirs is still on its way.
+    pub fn done_since(&self, after: u64) -> bool {
+        self.empty_polls() > after
+            && self.closed.load(Ordering::SeqCst) == self.accepted.load(Ordering::SeqCst)
+    }
+}
+
+/// Accepts `flows` connections and reads each to EOF, then closes it and
+/// waits for the client's acknowledgment of that close (its last segment).
 pub fn serve(
     listener: TcpListener,
     flows: usize,
     deadline: Instant,
     stop: &Arc<AtomicBool>,
+    progress: &Arc<ServerProgress>,
 ) -> Vec<Received> {
     let mut readers = Vec::new();
-    while readers.len() < flows && !expired(deadline, stop) {
+    loop {
+        if expired(deadline, stop) {
+            break;
+        }
         match listener.accept() {
             Ok((stream, peer)) => {
-                let stop = stop.clone();
+                progress.accepted.fetch_add(1, Ordering::SeqCst);
+                let (stop, progress) = (stop.clone(), progress.clone());
                 readers.push(std::thread::spawn(move || {
                     let bytes = drain_stream(&stream, deadline, &stop);
-                    (peer, bytes, tcp_info(&stream).ok())
+                    let info = tcp_info(&stream).ok();
+                    close_after_last_ack(&stream, deadline, &stop);
+                    progress.closed.fetch_add(1, Ordering::SeqCst);
+                    (peer, bytes, info)
                 }));
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                progress.empty_polls.fetch_add(1, Ordering::SeqCst);
+                if readers.len() >= flows {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(2))
             }
             Err(_) => break,
         }
     }
     readers.into_iter().filter_map(|h| h.join().ok()).collect()
+}
+
+/// `tcpi_state` of a socket whose connection is over (`TCP_CLOSE` in
+/// `linux/tcp_states.h`).
+const TCP_CLOSE: u8 = 7;
+
+/// Closes our side (FIN) and waits until the client acknowledged it, the
+/// socket then CLOSED: every segment the client sent has arrived.
+fn close_after_last_ack(stream: &TcpStream, deadline: Instant, stop: &AtomicBool) {
+    if stream.shutdown(Shutdown::Write).is_err() {
+        return;
+    }
+    while !expired(deadline, stop) {
+        match tcp_info(stream) {
+            Ok(i) if i.tcpi_state != TCP_CLOSE => std::thread::sleep(Duration::from_millis(1)),
+            _ => return,
+        }
+    }
 }
 
 /// A socket timeout or signal: check the deadline and try again.

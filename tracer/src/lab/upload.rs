@@ -5,7 +5,7 @@
 use std::{
     net::{SocketAddr, TcpListener},
     sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         Arc,
     },
     thread::JoinHandle,
@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use super::{
     guest::{Guest, GuestReport},
     in_netns,
-    socket::{expired, send, serve, Received, Sent, UploadSpec},
+    socket::{expired, send, serve, Received, Sent, ServerProgress, UploadSpec},
     Sender, Topology,
 };
 use crate::source::Flow;
@@ -67,6 +67,10 @@ pub struct Upload {
     guests: Vec<Guest>,
     server: Option<JoinHandle<Vec<Received>>>,
     server_addr: SocketAddr,
+    progress: Arc<ServerProgress>,
+    /// The server's empty accept queues when every sender was first seen
+    /// done (`u64::MAX`: not yet).
+    senders_done_at: AtomicU64,
 }
 
 impl Upload {
@@ -94,9 +98,11 @@ impl Upload {
         let listener = in_netns(&topo.server_ns, || TcpListener::bind(server_addr))?
             .with_context(|| format!("binding the lab server to {server_addr}"))?;
         listener.set_nonblocking(true)?;
+        let progress = Arc::new(ServerProgress::default());
         let server = {
-            let (stop, flows) = (stop.clone(), spec.flows * senders.len());
-            std::thread::spawn(move || serve(listener, flows, deadline, &stop))
+            let (stop, flows, progress) =
+                (stop.clone(), spec.flows * senders.len(), progress.clone());
+            std::thread::spawn(move || serve(listener, flows, deadline, &stop, &progress))
         };
 
         let mut upload = Self {
@@ -107,6 +113,8 @@ impl Upload {
             guests: Vec::new(),
             server: Some(server),
             server_addr,
+            progress,
+            senders_done_at: AtomicU64::new(u64::MAX),
         };
         for (index, &kind) in senders.iter().filter(|s| s.in_guest()).enumerate() {
             upload
@@ -145,9 +153,20 @@ impl Upload {
         Ok(upload)
     }
 
-    /// All senders are done (finished, failed or stopped).
+    /// All senders are done (finished, failed or stopped), and every
+    /// segment they sent has arrived: the server has since accepted every
+    /// connection, read each to its end and seen its close acknowledged
+    /// (a tracer that stops now has seen the whole upload).
     pub fn finished(&self) -> bool {
-        self.remaining.load(Ordering::SeqCst) == 0 && self.guests.iter().all(Guest::exited)
+        let at = self.senders_done_at.load(Ordering::SeqCst);
+        if at == u64::MAX {
+            if self.remaining.load(Ordering::SeqCst) == 0 && self.guests.iter().all(Guest::exited) {
+                self.senders_done_at
+                    .store(self.progress.empty_polls(), Ordering::SeqCst);
+            }
+            return false;
+        }
+        self.progress.done_since(at) || self.server.as_ref().is_none_or(JoinHandle::is_finished)
     }
 
     pub fn stop(&self) {
