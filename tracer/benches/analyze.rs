@@ -7,6 +7,10 @@
 //! flows in trains of 8, each flow swapping two neighbours every 50
 //! segments. Both tools read it from the page cache (read once before).
 
+#[path = "common/target.rs"]
+mod target;
+use target::Target;
+
 use std::{
     io::Write,
     process::{Command, Stdio},
@@ -131,19 +135,15 @@ fn main() {
     );
     match tshark {
         Some((secs, _)) => {
-            let target = if secs / tracer.0 >= 20.0 {
-                "met"
-            } else {
-                "NOT met"
-            };
             println!(
                 "  tshark          {:>8.2} M packets/s (best of {} s; io,stat tcp.analysis.out_of_order)",
                 n / secs / 1e6,
                 tshark_times.join(", ")
             );
             println!(
-                "  tracer/tshark   {:>8.1}x faster (target >= 20x: {target})",
-                secs / tracer.0
+                "  tracer/tshark   {:>8.1}x faster ({})",
+                secs / tracer.0,
+                Target::AtLeast(50.0).say(secs / tracer.0, "50x")
             );
         }
         None => println!("  tshark          not installed (apt-get install tshark): no comparison"),
