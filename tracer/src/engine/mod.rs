@@ -924,13 +924,14 @@ fn tracked<'a>(
     flow: Flow,
     ts_ns: u64,
 ) -> &'a mut FlowState {
-    let (f, evicted) = flows.get_or_insert(flow, || FlowState {
-        first_ns: ts_ns,
-        ..Default::default()
-    });
-    if let Some((key, old)) = evicted {
-        retired.retire(&key, &old, ctx);
-    }
+    let f = flows.get_or_insert(
+        flow,
+        || FlowState {
+            first_ns: ts_ns,
+            ..Default::default()
+        },
+        |key, old| retired.retire(&key, &old, ctx),
+    );
     f.last_ns = ts_ns;
     f
 }
