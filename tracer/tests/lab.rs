@@ -387,7 +387,12 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
             eprintln!(
                 "{what}: off the RSS queue: tracer {seen_off}, edge {edge_off}; {resets} resets"
             );
-            assert!(edge_off > 0, "{what}");
+            // (Not a trivial 0 = 0: a segment late behind one on another
+            // path left the edge on another queue than the one before it,
+            // and of two queues at most one is the flow's RSS queue.)
+            if u(&truth["late_on_another_path"]) > 0 {
+                assert!(edge_off > 0, "{what}");
+            }
             if on_the_way + summarized + resets == 0 {
                 assert_eq!(seen_off, edge_off, "{what}");
             } else {

@@ -261,7 +261,14 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
     // The RSS check, and what the NIC said: its per-queue packets only
     // grow (the report's reading comes after the last scrape).
     let rss = &t["rss"];
-    assert!(u(&rss["off_queue"]) > 0.0, "{rss}");
+    // (Not a trivial 0 = 0: each of the ATR upload's late segments was
+    // overtaken by one on another queue, and of two queues at most one is
+    // the flow's RSS queue; the tracer saw them all unless some were lost
+    // on the way.)
+    assert!(
+        u(&rss["off_queue"]) > 0.0 || outcome.dropped_on_the_way > 0,
+        "{rss}"
+    );
     assert_eq!(m("tracer_rss_segments_total"), u(&rss["segments"]));
     assert_eq!(
         m("tracer_rss_off_queue_segments_total"),
