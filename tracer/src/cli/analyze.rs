@@ -38,21 +38,20 @@ pub fn analyze(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     // Writable before the work, not after.
     let plot_file = args.plot.as_deref().map(OutputFile::open).transpose()?;
     let mut plot = args.plot.as_ref().map(|_| Plot::default());
-    let mut observations = capture::Observations::new(reader, |f: &Flow| {
+    let observations = capture::Observations::new(reader, |f: &Flow| {
         filter.matches((f.src.ip(), f.src.port()), (f.dst.ip(), f.dst.port()))
     });
     let mut n = 0u64;
-    while let Some(obs) = observations.next() {
+    let summary = observations.read_ahead(|obs, offset| {
         if let (Some(b), true) = (&bar, n.is_multiple_of(65_536)) {
-            b.set_position(observations.offset());
+            b.set_position(offset);
         }
         n += 1;
         if let (Some(c), Some(p), Observation::Segment(s)) = (engine.observe(&obs), &mut plot, &obs)
         {
             p.segment(s, c.class, c.queue_migration);
         }
-    }
-    let summary = observations.summary();
+    });
     if let Some(b) = bar {
         b.finish_and_clear();
     }
