@@ -360,7 +360,8 @@ impl Sink for Starved<'_> {
     }
 }
 
-/// A 4 MiB ring (about 30,000 events, half of it 15,000) and a collector
+/// 4 MiB of rings, shared among the CPUs' (about 30,000 events in all),
+/// and a collector
 /// starved for a whole 64 MiB upload (some 46,000 segments, each an XDP
 /// event and most a tcp_probe one), in full mode: by default the programs
 /// summarize once the ring is half full, and then emit what fits in the
@@ -402,6 +403,8 @@ fn a_starved_collector_loses_no_event_unless_told_to() {
             record_until_over(&mut tracer, &upload, &spec, &mut sink).expect("record");
         let seen = sink.seen.payload;
         let results = upload.join().expect("upload");
+        // However far behind, the CPUs' rings merged in time order.
+        assert_eq!(tracer.rings().late(), 0, "records merged out of order");
         drop(tracer);
         assert_eq!(results[0].received, UPLOAD, "the upload did not finish");
         let c = outcome.counters;
@@ -422,7 +425,10 @@ fn a_starved_collector_loses_no_event_unless_told_to() {
                 c.get(OVERLOAD_ENTERED) > 0,
                 "the collector never fell behind"
             );
-            assert!(c.get(OVERLOAD_ENTERED) - c.get(OVERLOAD_LEFT) <= 1);
+            // Each CPU's ring is guarded on its own: at most each still
+            // overloaded at the end.
+            let cpus = aya::util::nr_cpus().expect("possible CPUs") as u64;
+            assert!(c.get(OVERLOAD_ENTERED) - c.get(OVERLOAD_LEFT) <= cpus);
             let resent = u64::from(results[0].retransmits) * 1500;
             assert!(
                 (UPLOAD..=UPLOAD + resent).contains(&payload),

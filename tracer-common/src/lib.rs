@@ -18,6 +18,16 @@ pub mod kind {
     pub const XDP_CAPTURED: u8 = 4;
 }
 
+/// Where every record keeps its `bpf_ktime_get_ns()` timestamp (a `u64`
+/// at this byte offset): the collector merges the CPUs' rings by it.
+pub const RECORD_TS_AT: usize = 8;
+const _: () = {
+    assert!(core::mem::offset_of!(SegmentEvent, ts_ns) == RECORD_TS_AT);
+    assert!(core::mem::offset_of!(CapturedSegment, event) == 0);
+    assert!(core::mem::offset_of!(ProbeEvent, ts_ns) == RECORD_TS_AT);
+    assert!(core::mem::offset_of!(RetransmitEvent, ts_ns) == RECORD_TS_AT);
+};
+
 /// TCP flag bits, as in the TCP header's flags byte.
 pub mod tcp_flags {
     pub const FIN: u8 = 0x01;

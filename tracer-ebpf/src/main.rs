@@ -27,19 +27,20 @@ mod programs {
 
     use aya_ebpf::{
         bindings::{xdp_action, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+        btf_maps::{ArrayOfMaps, RingBuf as BtfRingBuf},
         helpers::{
-            bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_skc_to_tcp_sock,
-            bpf_xdp_get_buff_len, bpf_xdp_load_bytes,
+            bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel, bpf_ringbuf_query,
+            bpf_skc_to_tcp_sock, bpf_xdp_get_buff_len, bpf_xdp_load_bytes,
         },
-        macros::{btf_tracepoint, map, xdp},
-        maps::{lpm_trie::Key, LpmTrie, PerCpuArray, RingBuf},
+        macros::{btf_map, btf_tracepoint, map, xdp},
+        maps::{lpm_trie::Key, LpmTrie, PerCpuArray},
         programs::{BtfTracePointContext, XdpContext},
         Global,
     };
     use tracer_common::{
         counter, kind, tcp_flags, AddrKey, CapturedSegment, CounterBlock, FilterConfig, FlowAddrs,
-        KernelLayout, PortSet, ProbeEvent, RetransmitEvent, SegmentEvent, CAPTURED_HEADER, CAPTURE_MAX,
-        FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS, OPT_SAMPLED,
+        KernelLayout, PortSet, ProbeEvent, RetransmitEvent, SegmentEvent, CAPTURED_HEADER,
+        CAPTURE_MAX, FAMILY_IPV4, FAMILY_IPV6, FILTER_ADDRS, FILTER_PORTS, OPT_SAMPLED,
     };
 
     use tracer_ebpf::{
@@ -48,14 +49,37 @@ mod programs {
         summary::{self, Decision, FlowSet, SegmentHead},
     };
 
-    /// Default ring size; userspace may override it at load time.
-    const RING_BYTES: u32 = 16 << 20;
     const BPF_F_NO_PREALLOC: u32 = 1;
     const AF_INET: u16 = 2;
     const AF_INET6: u16 = 10;
 
-    #[map]
-    static EVENTS: RingBuf = RingBuf::with_byte_size(RING_BYTES, 0);
+    /// The records' ring buffers, one per CPU, indexed by CPU: a CPU's
+    /// programs never wait on another's producer lock, and the collector
+    /// merges the rings back into time order. Userspace creates the rings
+    /// and fills every slot before it attaches anything (one ring in every
+    /// slot: the single ring of `--rings single`); the template's size is
+    /// not theirs. Slots: sized to the possible CPUs at load time.
+    #[btf_map]
+    static EVENTS: ArrayOfMaps<EventRing, 4096> = ArrayOfMaps::new();
+    type EventRing = BtfRingBuf<u8, { 1 << 16 }>;
+
+    /// This CPU's ring.
+    #[inline(always)]
+    fn events(cpu: u32) -> Option<&'static EventRing> {
+        EVENTS.get(cpu)
+    }
+
+    /// The bytes waiting in `ring` (committed or not).
+    #[inline(always)]
+    fn pending(ring: &EventRing) -> u64 {
+        // SAFETY: a ring map's address, as the lookup gave it.
+        unsafe {
+            bpf_ringbuf_query(
+                (ring as *const EventRing).cast_mut().cast(),
+                BPF_RB_AVAIL_DATA as u64,
+            )
+        }
+    }
     /// Every counter (`tracer_common::counter`), one block per CPU: a
     /// program looks its CPU's block up once, however much it counts.
     #[map]
@@ -142,29 +166,28 @@ mod programs {
     #[unsafe(no_mangle)]
     static OVERLOAD_MARKS: Global<[u64; 2]> = Global::new([u64::MAX, 0]);
 
-    /// 1 while overloaded: shared by every CPU and program, switched by
-    /// an atomic exchange so that each switch is counted once.
-    struct Overloaded(UnsafeCell<u64>);
+    /// 1 while this CPU's ring is overloaded: each CPU's, as each has its
+    /// ring; switched by an atomic exchange (a softirq's run can interrupt
+    /// a process-context one on the CPU) so that each switch is counted
+    /// once.
+    #[map]
+    static OVERLOADED: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-    // SAFETY: only read plainly and written by atomic exchange.
-    unsafe impl Sync for Overloaded {}
-
-    #[unsafe(no_mangle)]
-    static OVERLOADED: Overloaded = Overloaded(UnsafeCell::new(0));
-
-    /// The summary sample to act on: the user's, or while the ring is
-    /// overloaded `OVERLOAD_SAMPLE`, else 0 (every event emitted). Counts
-    /// each switch with `count`.
+    /// The summary sample to act on: the user's, or while this CPU's ring
+    /// is overloaded `OVERLOAD_SAMPLE`, else 0 (every event emitted).
+    /// Counts each switch with `count`.
     #[inline(always)]
-    fn sample(count: impl Fn(u32)) -> u32 {
+    fn sample(cpu: u32, count: impl Fn(u32)) -> u32 {
         let user = SUMMARY_SAMPLE.load();
         let overload = OVERLOAD_SAMPLE.load();
         if user != 0 || overload == 0 {
             return user;
         }
-        let pending = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-        let state = OVERLOADED.0.get();
-        // SAFETY: a valid, aligned u64 in the object's .bss.
+        let (Some(ring), Some(state)) = (events(cpu), OVERLOADED.get_ptr_mut(0)) else {
+            return 0;
+        };
+        let pending = pending(ring);
+        // SAFETY: this CPU's value, a valid, aligned u64.
         let now = unsafe { core::ptr::read_volatile(state) };
         let marks = OVERLOAD_MARKS.load();
         let want = if now == 0 {
@@ -306,9 +329,14 @@ mod programs {
     /// million segments in the lab bench; this way, about 300. (Forcing a
     /// wake-up for every event past the mark cost 4 us an event.)
     #[inline(always)]
-    fn emit<T: ?Sized>(ev: &T, count: impl Fn(u32), emitted: u32, dropped: u32) {
-        let pending = EVENTS.query(BPF_RB_AVAIL_DATA as u64);
-        match EVENTS.output::<T>(ev, wakeup_flags(pending, core::mem::size_of_val(ev) as u64)) {
+    fn emit<T: ?Sized>(ev: &T, cpu: u32, count: impl Fn(u32), emitted: u32, dropped: u32) {
+        let Some(ring) = events(cpu) else {
+            count(dropped);
+            return;
+        };
+        let pending = pending(ring);
+        match ring.output_untyped::<T>(ev, wakeup_flags(pending, core::mem::size_of_val(ev) as u64))
+        {
             Ok(()) => count(emitted),
             Err(_) => count(dropped),
         }
@@ -395,7 +423,7 @@ mod programs {
         let cpu = unsafe { bpf_get_smp_processor_id() };
         let queue = ctx.rx_queue_index();
         let filter = filter_flags();
-        let sample = sample(|i| c.add_nestable(i));
+        let sample = sample(cpu, |i| c.add_nestable(i));
         // The common frame (plain IPv4) in summary mode, or under a port
         // filter, decided on its fixed fields alone: most segments are only
         // counted (or filtered out), never parsed further. `quick`: counted,
@@ -477,9 +505,15 @@ mod programs {
         ev.ifindex = ctx.ingress_ifindex() as u32;
         ev.ts_ns = unsafe { bpf_ktime_get_ns() };
         if snaplen == 0 {
-            emit(ev, |i| c.add(i), counter::XDP_EMITTED, counter::XDP_DROPPED);
+            emit(
+                ev,
+                cpu,
+                |i| c.add(i),
+                counter::XDP_EMITTED,
+                counter::XDP_DROPPED,
+            );
         } else {
-            emit_captured(&ctx, c, scratch, snaplen);
+            emit_captured(&ctx, c, scratch, cpu, snaplen);
         }
         xdp_action::XDP_PASS
     }
@@ -491,7 +525,10 @@ mod programs {
     /// the ring is full: the general path then parses, counts and drops.
     #[inline(never)]
     fn emit_in_place(ctx: &XdpContext, c: Counts, queue: u32, cpu: u32) -> bool {
-        let Some(mut slot) = EVENTS.reserve::<SegmentEvent>(0) else {
+        let Some(ring) = events(cpu) else {
+            return false;
+        };
+        let Some(mut slot) = ring.reserve_untyped::<SegmentEvent>(0) else {
             return false;
         };
         // SAFETY: the reserved record's bytes, ours until submitted or
@@ -511,7 +548,7 @@ mod programs {
         ev.ts_ns = unsafe { bpf_ktime_get_ns() };
         // The ring's waiting bytes already hold this record.
         let size = core::mem::size_of::<SegmentEvent>() as u64;
-        slot.submit(wakeup_flags(EVENTS.query(BPF_RB_AVAIL_DATA as u64) - size, size));
+        slot.submit(wakeup_flags(pending(ring) - size, size));
         c.add(counter::XDP_EMITTED);
         true
     }
@@ -552,7 +589,11 @@ mod programs {
             return xdp_action::XDP_PASS;
         };
         c.add(counter::XDP_FRAMES);
-        let Some(mut slot) = EVENTS.reserve::<SegmentEvent>(0) else {
+        let cpu = unsafe { bpf_get_smp_processor_id() };
+        let Some(ring) = events(cpu) else {
+            return xdp_action::XDP_PASS;
+        };
+        let Some(mut slot) = ring.reserve_untyped::<SegmentEvent>(0) else {
             c.add(counter::XDP_DROPPED);
             return xdp_action::XDP_PASS;
         };
@@ -562,7 +603,7 @@ mod programs {
         ev.ifindex = ctx.ingress_ifindex() as u32;
         ev.ts_ns = unsafe { bpf_ktime_get_ns() };
         let size = core::mem::size_of::<SegmentEvent>() as u64;
-        slot.submit(wakeup_flags(EVENTS.query(BPF_RB_AVAIL_DATA as u64) - size, size));
+        slot.submit(wakeup_flags(pending(ring) - size, size));
         c.add(counter::XDP_EMITTED);
         xdp_action::XDP_PASS
     }
@@ -570,7 +611,13 @@ mod programs {
     /// Emits the segment with its frame's first bytes: the headers, or
     /// `snaplen` bytes if more, at most the frame and [`CAPTURE_MAX`].
     #[inline(always)]
-    fn emit_captured(ctx: &XdpContext, counts: Counts, c: &mut CapturedSegment, snaplen: u32) {
+    fn emit_captured(
+        ctx: &XdpContext,
+        counts: Counts,
+        c: &mut CapturedSegment,
+        cpu: u32,
+        snaplen: u32,
+    ) {
         c.event.kind = kind::XDP_CAPTURED;
         let wire_len = unsafe { bpf_xdp_get_buff_len(ctx.ctx) } as u32;
         let want = snaplen
@@ -600,6 +647,7 @@ mod programs {
         };
         emit::<[u8]>(
             bytes,
+            cpu,
             |i| counts.add(i),
             counter::XDP_EMITTED,
             counter::XDP_DROPPED,
@@ -792,7 +840,10 @@ mod programs {
         }
         c.add_nestable(tp.seen);
         match build() {
-            Ok(Outcome::Emit(ev)) => emit(&ev, |i| c.add_nestable(i), tp.emitted, tp.dropped),
+            Ok(Outcome::Emit(ev)) => {
+                let cpu = unsafe { bpf_get_smp_processor_id() };
+                emit(&ev, cpu, |i| c.add_nestable(i), tp.emitted, tp.dropped)
+            }
             Ok(Outcome::Filtered) => c.add_nestable(tp.filtered),
             Ok(Outcome::Summarized) => {
                 if let Some(summarized) = tp.summarized {
@@ -872,7 +923,7 @@ mod programs {
         let ts_recent: u32 = unsafe { field(tp, offset!(tp_ts_recent)) };
         let (has_tsval, tsval) = unsafe { aligned_tsval(field(skb, offset!(skb_data)))? };
         let sample = match Counts::this_cpu() {
-            Some(c) => sample(|i| c.add_nestable(i)),
+            Some(c) => sample(unsafe { bpf_get_smp_processor_id() }, |i| c.add_nestable(i)),
             None => SUMMARY_SAMPLE.load(),
         };
         if sample != 0 {

@@ -20,10 +20,10 @@ mod target;
 use target::Target;
 
 use aya::{
-    maps::RingBuf,
     programs::{TestRun, TestRunOptions, Xdp},
     EbpfLoader,
 };
+use tracer::kernel::{RingLayout, Rings};
 use tracer_common::{counter, CounterBlock, FilterConfig, KernelLayout, FILTER_PORTS};
 
 const BATCH: u32 = 20_000;
@@ -38,6 +38,7 @@ fn frame(payload: u16) -> Vec<u8> {
 struct Loaded {
     name: &'static str,
     ebpf: aya::Ebpf,
+    rings: Rings,
     program: &'static str,
     data: Vec<u8>,
     /// The kernel's mean nanoseconds a run, each round's batch.
@@ -55,24 +56,28 @@ struct Setup {
 
 impl Loaded {
     fn new(name: &'static str, program: &'static str, setup: Setup, data: Vec<u8>) -> Self {
+        // As the tracer lays them out: a ring per CPU, sharing the default
+        // total.
+        let cpus = aya::util::nr_cpus().expect("possible CPUs") as u32;
+        let total = tracer::kernel::DEFAULT_RING_BYTES;
+        let ring = tracer::kernel::rings::ring_bytes(total, RingLayout::PerCpu, cpus);
         let mut ebpf = EbpfLoader::new()
             .override_global("KERNEL_LAYOUT", &KernelLayout::default(), true)
             .override_global("CAPTURE_SNAPLEN", &setup.snaplen, true)
             .override_global("SUMMARY_SAMPLE", &setup.summary, true)
             .override_global("FILTER", &setup.filter, true)
-            // As the tracer sets it: an eighth of its (default) ring.
-            .override_global(
-                "WAKEUP_BYTES",
-                &(tracer::kernel::DEFAULT_RING_BYTES / 8),
-                true,
-            )
+            // As the tracer sets it: an eighth of a ring.
+            .override_global("WAKEUP_BYTES", &(ring / 8), true)
+            .map_max_entries("EVENTS", cpus)
             .load(tracer::EBPF_OBJECT)
             .expect("loading the eBPF object");
+        let rings = Rings::create(&mut ebpf, total, RingLayout::PerCpu).expect("rings");
         let p: &mut Xdp = ebpf.program_mut(program).unwrap().try_into().unwrap();
         p.load().expect("loading the XDP program");
         Self {
             name,
             ebpf,
+            rings,
             program,
             data,
             ns: Vec::new(),
@@ -95,8 +100,7 @@ impl Loaded {
             .expect("BPF_PROG_TEST_RUN");
         assert_eq!(r.return_value, 2, "XDP_PASS");
         self.ns.push(r.duration.as_nanos() as f64);
-        let mut ring = RingBuf::try_from(self.ebpf.map_mut("EVENTS").unwrap()).unwrap();
-        while ring.next().is_some() {}
+        while self.rings.next_record().is_some() {}
     }
 
     /// The mean time of a run.

@@ -168,6 +168,13 @@ pub fn run(
     // kernel wrote, and the counters read after it are final.
     tracer.detach();
     while !drain(tracer, engine, sinks, &mut received, &mut decode_errors) {}
+    let late = tracer.rings().late();
+    if late > 0 {
+        log::warn!(
+            "{late} records reached the collector after later ones from another CPU had gone on (held up in the kernel over {} ms): they were taken out of time order",
+            crate::kernel::rings::WINDOW.as_millis()
+        );
+    }
     // The NIC's last reading: what the report and the metrics both say.
     if let Some(nic) = opts.nic.as_deref_mut() {
         nic.read();
@@ -309,23 +316,17 @@ fn drain(
     received: &mut u64,
     decode_errors: &mut u64,
 ) -> bool {
-    let ring = tracer.ring();
+    let rings = tracer.rings();
     for _ in 0..DRAIN_BATCH {
-        let Some(record) = ring.next() else {
+        let Some(record) = rings.next_record() else {
             return true;
         };
         *received += 1;
-        match source::decode_with_frame(&record) {
+        match source::decode_with_frame(record) {
             Ok((obs, frame)) => {
                 engine.observe(&obs);
                 for sink in sinks.iter_mut() {
-                    sink.observe(
-                        &obs,
-                        &Raw {
-                            record: &record,
-                            frame,
-                        },
-                    );
+                    sink.observe(&obs, &Raw { record, frame });
                 }
             }
             Err(e) => {

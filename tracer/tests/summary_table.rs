@@ -8,7 +8,7 @@
 mod common;
 
 use aya::{
-    maps::{PerCpuArray, RingBuf},
+    maps::PerCpuArray,
     programs::{TestRun, TestRunOptions, Xdp},
     Ebpf, EbpfLoader,
 };
@@ -17,12 +17,14 @@ use tracer_common::{
 };
 
 use common::root_or_skip;
+use tracer::kernel::{RingLayout, Rings};
 
 const SAMPLE: u32 = 64;
 const MSS: u16 = 1448;
 
 struct Program {
     ebpf: Ebpf,
+    rings: Rings,
 }
 
 impl Program {
@@ -34,7 +36,8 @@ impl Program {
             .expect("loading the eBPF object");
         let p: &mut Xdp = ebpf.program_mut("tag_rx").unwrap().try_into().unwrap();
         p.load().expect("loading tag_rx");
-        Self { ebpf }
+        let rings = Rings::create(&mut ebpf, 16 << 20, RingLayout::Single).expect("rings");
+        Self { ebpf, rings }
     }
 
     /// Runs `tag_rx` once over `frame`.
@@ -52,9 +55,8 @@ impl Program {
 
     /// The events in the ring.
     fn drain(&mut self) -> Vec<SegmentEvent> {
-        let mut ring = RingBuf::try_from(self.ebpf.map_mut("EVENTS").unwrap()).unwrap();
         let mut out = Vec::new();
-        while let Some(r) = ring.next() {
+        while let Some(r) = self.rings.next_record() {
             assert!(r.len() >= size_of::<SegmentEvent>(), "a short record");
             // SAFETY: a SegmentEvent written by tag_rx; read unaligned.
             out.push(unsafe { std::ptr::read_unaligned(r.as_ptr().cast::<SegmentEvent>()) });

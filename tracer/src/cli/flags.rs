@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::{
     engine::{Engine, EngineConfig},
     filter::Filter,
-    kernel::{TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
+    kernel::{RingLayout, TracerOptions, XdpModeChoice, DEFAULT_RING_BYTES},
     lab,
     nic::rss::Rss,
     plot::ColorBy,
@@ -74,9 +74,14 @@ pub struct TraceArgs {
     /// XDP attachment: native (driver) with generic fallback, or forced.
     #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
     pub(crate) xdp_mode: XdpModeChoice,
-    /// Ring buffer size in MiB (a power of two).
+    /// Ring buffer size in MiB (a power of two), shared among the CPUs'
+    /// rings.
     #[arg(long, default_value_t = DEFAULT_RING_BYTES >> 20)]
     pub(crate) ring_mib: u32,
+    /// A ring buffer per CPU, merged back into time order (no CPU waits on
+    /// another's), or one for every CPU, read in its own order.
+    #[arg(long, value_enum, default_value_t = RingLayout::PerCpu)]
+    pub(crate) rings: RingLayout,
     /// Summary mode, for 10-100 GbE hosts: XDP keeps per-flow state and
     /// emits only segments that arrive below or above the flow's highest
     /// byte, change RX queue or CPU, and one in N of the rest; the TCP
@@ -501,6 +506,7 @@ impl TraceArgs {
             xdp_mode: self.xdp_mode,
             filter,
             ring_bytes: ring_bytes(self.ring_mib)?,
+            rings: self.rings,
             xdp: true,
             tcp_layer: !self.no_tcp_layer,
             summary_sample: summary(self)?,

@@ -6,6 +6,7 @@ pub mod btf;
 mod counters;
 pub mod features;
 pub mod netns;
+pub mod rings;
 
 use std::{
     ffi::CString,
@@ -15,7 +16,7 @@ use std::{
 
 use anyhow::{Context, Result};
 use aya::{
-    maps::{lpm_trie::Key, lpm_trie::LpmTrie, MapData, PerCpuArray, RingBuf},
+    maps::{lpm_trie::Key, lpm_trie::LpmTrie, MapData, PerCpuArray},
     programs::{BtfTracePoint, ProgramError, Xdp, XdpMode},
     Ebpf, EbpfLoader,
 };
@@ -28,6 +29,7 @@ use crate::{
 pub use counters::{Counters, COUNTER_NAMES};
 pub use features::{KernelFeatures, KernelReport};
 use netns::NetnsGuard;
+pub use rings::{RingLayout, Rings};
 
 /// Which XDP attachment to ask for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -73,8 +75,11 @@ pub struct TracerOptions {
     pub netns: Option<String>,
     pub xdp_mode: XdpModeChoice,
     pub filter: Filter,
-    /// Ring buffer size: a power of two, at least one page.
+    /// Ring buffer bytes, shared among the CPUs' rings: a power of two, at
+    /// least one page.
     pub ring_bytes: u32,
+    /// A ring per CPU (merged by time), or one for all.
+    pub rings: RingLayout,
     /// Attach `tag_rx` (XDP) too; without it only the TCP tracepoints
     /// report, and the interface's receive path stays as it was.
     pub xdp: bool,
@@ -106,6 +111,7 @@ impl TracerOptions {
             xdp_mode: XdpModeChoice::Auto,
             filter: Filter::default(),
             ring_bytes: DEFAULT_RING_BYTES,
+            rings: RingLayout::PerCpu,
             xdp: true,
             tcp_layer: true,
             summary_sample: 0,
@@ -113,6 +119,11 @@ impl TracerOptions {
             snaplen: 0,
         }
     }
+}
+
+/// The possible CPUs: the `EVENTS` map's slots.
+fn cpus() -> Result<u32> {
+    Ok(aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("reading {path}: {e}"))? as u32)
 }
 
 /// The loaded and attached programs. Dropping it detaches everything.
@@ -123,7 +134,7 @@ pub struct Tracer {
     pub netns: Option<String>,
     pub ifindex: u32,
     pub mode: AttachedMode,
-    ring: RingBuf<MapData>,
+    rings: Rings,
     counters: PerCpuArray<MapData, CounterBlock>,
     /// The first copies of the tracepoint programs, for their kernel-kept
     /// miss counts (these fds keep them loaded, not attached).
@@ -157,18 +168,18 @@ impl Tracer {
         let netns_inum = netns::current_inum().context("reading the network namespace id")?;
 
         let ports = port_set(&opts.filter);
+        let cpus = cpus()?;
+        // Each ring's: the marks are fractions of the ring a CPU writes.
+        let ring_bytes = rings::ring_bytes(opts.ring_bytes, opts.rings, cpus);
         let mut ebpf = EbpfLoader::new()
             .override_global("KERNEL_LAYOUT", &kernel.layout, true)
             .override_global("CAPTURE_SNAPLEN", &opts.snaplen, true)
             .override_global("SUMMARY_SAMPLE", &opts.summary_sample, true)
-            .override_global("WAKEUP_BYTES", &(opts.ring_bytes / 8), true)
+            .override_global("WAKEUP_BYTES", &(ring_bytes / 8), true)
             .override_global("OVERLOAD_SAMPLE", &opts.overload_sample, true)
             .override_global(
                 "OVERLOAD_MARKS",
-                &[
-                    u64::from(opts.ring_bytes / 2),
-                    u64::from(opts.ring_bytes / 8),
-                ],
+                &[u64::from(ring_bytes / 2), u64::from(ring_bytes / 8)],
                 true,
             )
             .override_global(
@@ -177,12 +188,13 @@ impl Tracer {
                 true,
             )
             .override_global("PORTS", &*ports, true)
-            .map_max_entries("EVENTS", opts.ring_bytes)
+            .map_max_entries("EVENTS", cpus)
             .load(crate::EBPF_OBJECT)
             .with_context(|| {
                 format!("loading the eBPF object's maps on Linux {}", kernel.release)
             })?;
         fill_prefixes(&mut ebpf, &opts.filter)?;
+        let rings = Rings::create(&mut ebpf, opts.ring_bytes, opts.rings)?;
 
         // Attached in order (the kernel runs a tracepoint's programs in
         // attach order): a later copy takes what the kernel skipped for an
@@ -224,7 +236,6 @@ impl Tracer {
         };
         drop(guard);
 
-        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("no EVENTS map")?)?;
         let counters =
             PerCpuArray::try_from(ebpf.take_map("COUNTERS").context("no COUNTERS map")?)?;
         Ok(Self {
@@ -233,7 +244,7 @@ impl Tracer {
             netns: opts.netns.clone(),
             ifindex,
             mode,
-            ring,
+            rings,
             counters,
             tcp_probe_fd,
             retransmit_fd,
@@ -251,19 +262,24 @@ impl Tracer {
         if_index(&self.iface) == Some(self.ifindex)
     }
 
-    pub fn ring(&mut self) -> &mut RingBuf<MapData> {
-        &mut self.ring
+    /// The records, in the kernel's time order.
+    pub fn rings(&mut self) -> &mut Rings {
+        &mut self.rings
     }
 
-    /// Sleeps until the ring has data, a signal arrives, or `timeout`.
+    /// Sleeps until a ring has data, a signal arrives, or `timeout`.
     pub fn wait_readable(&mut self, timeout: std::time::Duration) -> Result<()> {
-        let mut fd = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&mut fd, 1, timeout.as_millis() as i32) };
+        let mut fds: Vec<libc::pollfd> = self
+            .rings
+            .fds()
+            .map(|fd| libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        // SAFETY: valid pollfds, as many as said.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout.as_millis() as i32) };
         if n < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() != std::io::ErrorKind::Interrupted {
@@ -278,6 +294,7 @@ impl Tracer {
     /// everything and the counters are final.
     pub fn detach(&mut self) {
         self.ebpf = None;
+        self.rings.finish();
     }
 
     /// Sums of the per-CPU kernel counters, and the kernel's own count of

@@ -109,11 +109,11 @@ fn collect(mut tracer: Tracer, stop: &AtomicBool) -> Result<SenderAcks> {
 const POLL: Duration = Duration::from_millis(20);
 
 fn drain(tracer: &mut Tracer, out: &mut SenderAcks) {
-    let ring = tracer.ring();
-    while let Some(record) = ring.next() {
+    let rings = tracer.rings();
+    while let Some(record) = rings.next_record() {
         // Pure ACKs from the server's port, as the sender's TCP took them,
         // and the sender's retransmissions.
-        let p = match source::decode(&record) {
+        let p = match source::decode(record) {
             Ok(Observation::TcpProbe(p)) => p,
             Ok(Observation::Retransmit(r)) if r.flow.dst.port() == SERVER_PORT => {
                 let times = out.retransmits.entry(r.flow).or_default();
