@@ -33,7 +33,7 @@ mod programs {
             bpf_skc_to_tcp_sock, bpf_xdp_get_buff_len, bpf_xdp_load_bytes,
         },
         macros::{btf_map, btf_tracepoint, map, xdp},
-        maps::{lpm_trie::Key, LpmTrie, PerCpuArray},
+        maps::{lpm_trie::Key, ring_buf::RingBufEntry, LpmTrie, PerCpuArray},
         programs::{BtfTracePointContext, XdpContext},
         Global,
     };
@@ -545,12 +545,20 @@ mod programs {
         ev.cpu = cpu;
         ev.kind = kind::XDP_SEGMENT;
         ev.ifindex = ctx.ingress_ifindex() as u32;
-        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
+        submit(ring, slot, c);
+        true
+    }
+
+    /// Timestamps a reserved segment record and commits it, waking the
+    /// collector if it brings the ring to the mark (see `emit`).
+    #[inline(always)]
+    fn submit(ring: &EventRing, mut slot: RingBufEntry<SegmentEvent>, c: Counts) {
+        // SAFETY: the reserved record's bytes, ours until submitted.
+        unsafe { (*slot.as_mut_ptr()).ts_ns = bpf_ktime_get_ns() };
         // The ring's waiting bytes already hold this record.
         let size = core::mem::size_of::<SegmentEvent>() as u64;
         slot.submit(wakeup_flags(pending(ring) - size, size));
         c.add(counter::XDP_EMITTED);
-        true
     }
 
     /// Summary mode: updates the segment's flow in `FLOW_TABLE` and says
@@ -601,10 +609,7 @@ mod programs {
         let ev = unsafe { &mut *slot.as_mut_ptr() };
         ev.kind = kind::XDP_SEGMENT;
         ev.ifindex = ctx.ingress_ifindex() as u32;
-        ev.ts_ns = unsafe { bpf_ktime_get_ns() };
-        let size = core::mem::size_of::<SegmentEvent>() as u64;
-        slot.submit(wakeup_flags(pending(ring) - size, size));
-        c.add(counter::XDP_EMITTED);
+        submit(ring, slot, c);
         xdp_action::XDP_PASS
     }
 

@@ -113,11 +113,6 @@ impl Rings {
         self.merge.late
     }
 
-    /// Records waiting in the merge.
-    pub fn held(&self) -> usize {
-        self.merge.heap.len()
-    }
-
     /// The next record in time order, or `None` until more data comes (or
     /// the clock passes what waits).
     pub fn next_record(&mut self) -> Option<&[u8]> {
@@ -172,13 +167,12 @@ impl Rings {
 /// Records read from each ring before the merge looks at its heap again.
 const READ_BATCH: usize = 4096;
 
-/// Records in timestamp order (ties: the order they were pushed).
+/// Records in timestamp order (ties: the order they were pushed, which is
+/// unique, so the bytes themselves are never compared).
 #[derive(Default)]
 struct Merge {
-    heap: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    /// The records' bytes, by slot; free slots listed in `free`.
-    slots: Vec<Vec<u8>>,
-    free: Vec<usize>,
+    heap: BinaryHeap<Reverse<(u64, u64, Vec<u8>)>>,
+    /// Rooms of records handed out, for the next ones.
     spare: Vec<Vec<u8>>,
     pushed: u64,
     /// The timestamp of the last record released.
@@ -195,17 +189,7 @@ impl Merge {
         let mut bytes = self.spare.pop().unwrap_or_default();
         bytes.clear();
         bytes.extend_from_slice(record);
-        let slot = match self.free.pop() {
-            Some(i) => {
-                self.slots[i] = bytes;
-                i
-            }
-            None => {
-                self.slots.push(bytes);
-                self.slots.len() - 1
-            }
-        };
-        self.heap.push(Reverse((ts, self.pushed, slot)));
+        self.heap.push(Reverse((ts, self.pushed, bytes)));
         self.pushed += 1;
         ts
     }
@@ -222,13 +206,12 @@ impl Merge {
         if !self.ready(until) {
             return None;
         }
-        let Reverse((ts, _, slot)) = self.heap.pop()?;
+        let Reverse((ts, _, bytes)) = self.heap.pop()?;
         if ts < self.released_ns {
             self.late += 1;
         }
         self.released_ns = self.released_ns.max(ts);
-        self.free.push(slot);
-        Some(std::mem::take(&mut self.slots[slot]))
+        Some(bytes)
     }
 
     fn recycle(&mut self, bytes: Vec<u8>) {
@@ -255,7 +238,7 @@ fn prev_power_of_two(n: u32) -> u32 {
 }
 
 /// CLOCK_MONOTONIC, the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
+pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

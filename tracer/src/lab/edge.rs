@@ -333,7 +333,7 @@ fn edge_loop(
         }
         if let (Some(at), Some(period)) = (next, repoint) {
             if Instant::now() >= at {
-                let ts_ns = monotonic_ns();
+                let ts_ns = crate::kernel::rings::monotonic_ns();
                 let entries: Vec<(u32, u32)> = flows.iter().filter_map(|e| e.ok()).collect();
                 for (key, queue) in entries {
                     let to = (queue + 1) % queues.max(1);
@@ -413,16 +413,6 @@ impl TruthFile {
         }
         self.error
     }
-}
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The online CPUs, from /sys/devices/system/cpu/online ("0-3,6").
