@@ -10,11 +10,16 @@
 //! from a random flow, the worst case for caches (20,000 flow states do
 //! not fit in them). Segments are generated in chunks ahead of the timed
 //! passes, so the passes time processing only.
+//!
+//! Two floors beside them say where the time goes: the same stream over
+//! 200 flows, whose states stay in cache (the engine's computing alone),
+//! and the flow table alone over 20,000 flow-state-sized slots, each
+//! segment finding its flow and writing one field (the memory's part).
 
 use std::{hint::black_box, time::Instant};
 
 use tracer::{
-    engine::{Engine, EngineConfig},
+    engine::{flows::FlowTable, Engine, EngineConfig, FlowState},
     source::{Flow, Segment},
 };
 
@@ -27,10 +32,13 @@ mod heap;
 
 const SEGMENTS: u64 = 10_000_000;
 const FLOWS: u32 = 20_000;
+/// Few enough that every flow's state stays in cache.
+const FLOWS_IN_CACHE: u32 = 200;
 const CHUNK: usize = 1_000_000;
 const MSS: u32 = 1448;
 
 struct Stream {
+    flows: u32,
     /// Per flow: next segment number.
     next: Vec<u32>,
     rng: u64,
@@ -42,9 +50,10 @@ struct Stream {
 }
 
 impl Stream {
-    fn new(train_max: u64) -> Self {
+    fn new(train_max: u64, flows: u32) -> Self {
         Self {
-            next: vec![0; FLOWS as usize],
+            flows,
+            next: vec![0; flows as usize],
             rng: 0x9e37_79b9_7f4a_7c15,
             produced: 0,
             train_max,
@@ -74,7 +83,7 @@ impl Stream {
         out.clear();
         while out.len() < CHUNK && self.produced < SEGMENTS {
             if self.train.1 == 0 {
-                let i = (self.random() % u64::from(FLOWS)) as u32;
+                let i = (self.random() % u64::from(self.flows)) as u32;
                 self.train = (i, 1 + self.random() % self.train_max);
             }
             self.train.1 -= 1;
@@ -112,8 +121,8 @@ impl Stream {
 }
 
 /// Runs `pass` over the whole stream, timing only the passes.
-fn timed(train_max: u64, mut pass: impl FnMut(&Segment)) -> f64 {
-    let mut stream = Stream::new(train_max);
+fn timed(train_max: u64, flows: u32, mut pass: impl FnMut(&Segment)) -> f64 {
+    let mut stream = Stream::new(train_max, flows);
     let mut chunk = Vec::with_capacity(CHUNK);
     let mut busy = 0.0;
     loop {
@@ -133,14 +142,14 @@ fn timed(train_max: u64, mut pass: impl FnMut(&Segment)) -> f64 {
 fn main() {
     // Baseline: touch every segment, keep one running sum.
     let mut sum = 0u64;
-    let base = timed(16, |s| {
+    let base = timed(16, FLOWS, |s| {
         sum = sum.wrapping_add(u64::from(s.payload_len) ^ u64::from(s.seq))
     });
     black_box(sum);
 
-    let run = |train_max| {
+    let run = |train_max, flows| {
         let mut engine = Engine::new(EngineConfig::default());
-        let busy = timed(train_max, |s| {
+        let busy = timed(train_max, flows, |s| {
             black_box(engine.segment(s));
         });
         // What the live view takes from the collector every 250 ms.
@@ -149,15 +158,19 @@ fn main() {
         let live = t.elapsed().as_secs_f64();
         (busy, engine.snapshot(), live)
     };
-    let (eng, snap, live) = run(16);
-    let (worst, worst_snap, _) = run(1);
+    let (eng, snap, live) = run(16, FLOWS);
+    let (worst, worst_snap, _) = run(1, FLOWS);
+    let (in_cache, _, _) = run(16, FLOWS_IN_CACHE);
+    let (worst_in_cache, _, _) = run(1, FLOWS_IN_CACHE);
+    let lookup = lookup_floor(16);
+    let worst_lookup = lookup_floor(1);
     let t = &snap.totals.reordering;
     assert_eq!(t.data_segments, SEGMENTS);
     assert_eq!(worst_snap.totals.reordering.data_segments, SEGMENTS);
 
     // Memory per tracked flow: 100,000 flows, in order, queue/CPU fixed.
     let template = {
-        let mut s = Stream::new(1);
+        let mut s = Stream::new(1, FLOWS);
         let mut chunk = Vec::new();
         s.fill(&mut chunk);
         chunk.swap_remove(0)
@@ -210,5 +223,26 @@ fn main() {
         ns(worst),
         Target::AtLeast(3e6).say(rate(worst), "3 M/s")
     );
+    println!(
+        "  floors, per segment: the engine with {FLOWS_IN_CACHE} flows (states in cache: computing alone) {:.0} ns, worst case {:.0} ns;",
+        ns(in_cache),
+        ns(worst_in_cache)
+    );
+    println!(
+        "    the flow table alone ({FLOWS} flow-state-sized slots, one field written) {:.0} ns, worst case {:.0} ns",
+        ns(lookup),
+        ns(worst_lookup)
+    );
     println!("  memory          {per_flow:>8.0} bytes per tracked flow (100,000 flows)");
+}
+
+/// The flow table alone over the stream: each segment finds its flow's
+/// slot, the size of a flow's state, and writes one field of it.
+fn lookup_floor(train_max: u64) -> f64 {
+    const WORDS: usize = std::mem::size_of::<FlowState>() / 8;
+    let mut table: FlowTable<[u64; WORDS]> = FlowTable::new(FLOWS as usize);
+    timed(train_max, FLOWS, |s| {
+        table.get_or_insert(s.flow, || [0; WORDS], |_, _| {})[WORDS / 2] +=
+            u64::from(s.payload_len);
+    })
 }

@@ -1,20 +1,26 @@
 //! The bounded flow table: flow direction -> state, least recently used
 //! evicted first.
 //!
-//! Built for the per-segment path. States live in one slab; an access only
-//! stamps a dense array (one entry per slot) and, unless the flow was also
-//! the previous one accessed, appends (stamp, slot) to a recency queue.
-//! Eviction pops the queue until an entry still carries its slot's current
-//! stamp: that slot's last use is the oldest of all, which is exact LRU.
-//! Stale entries are compacted away when the queue reaches twice the
-//! flows held, so it stays bounded and costs O(1) amortised per access.
-//! (A linked-list LRU instead touches two neighbour nodes per access:
-//! random cache misses on a stream interleaving many flows.) Segments come
-//! in trains of one flow (a TSO burst, a NAPI poll of one queue), so the
-//! previous access's slot is checked before the index.
+//! Built for the per-segment path, where a flow's first segment of a train
+//! misses the caches: one lookup should cost as few dependent misses as
+//! possible. The index holds only slot numbers (4 bytes an entry, so it
+//! stays in cache beside thousands of flows); a slot holds the flow, its
+//! last-use stamp and its state together, aligned to cache lines, and all
+//! its lines are asked for at once when it is found. An access stamps the
+//! slot and, unless the flow was also the previous one accessed, appends
+//! (stamp, slot) to a recency queue. Eviction pops the queue until an entry
+//! still carries its slot's current stamp: that slot's last use is the
+//! oldest of all, which is exact LRU. Stale entries are compacted away when
+//! the queue reaches twice the flows held, so it stays bounded and costs
+//! O(1) amortised per access. (A linked-list LRU instead touches two
+//! neighbour nodes per access: random cache misses on a stream interleaving
+//! many flows.) Segments come in trains of one flow (a TSO burst, a NAPI
+//! poll of one queue), so the previous access's slot is checked before the
+//! index.
 
-use std::collections::{HashMap, VecDeque};
+use std::{collections::VecDeque, hash::BuildHasher};
 
+use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
 use crate::source::Flow;
@@ -24,10 +30,9 @@ const MIN_QUEUE: usize = 64;
 
 pub struct FlowTable<V> {
     cap: usize,
-    index: HashMap<Flow, u32, FxBuildHasher>,
-    slots: Vec<(Flow, V)>,
-    /// Last-use stamp of each slot.
-    stamps: Vec<u64>,
+    /// Slot numbers, by their flow's hash.
+    index: HashTable<u32>,
+    slots: Vec<Slot<V>>,
     /// (stamp, slot) in stamp order; an entry is live while the slot still
     /// carries that stamp.
     queue: VecDeque<(u64, u32)>,
@@ -38,13 +43,25 @@ pub struct FlowTable<V> {
     held: u64,
 }
 
+/// A flow, its last-use stamp and its state: the lookup's key comparison,
+/// the stamp and the state's first fields share the first cache line.
+#[repr(C, align(64))]
+struct Slot<V> {
+    stamp: u64,
+    flow: Flow,
+    value: V,
+}
+
+fn hash(flow: &Flow) -> u64 {
+    FxBuildHasher.hash_one(flow)
+}
+
 impl<V> FlowTable<V> {
     pub fn new(cap: usize) -> Self {
         Self {
             cap: cap.max(1),
-            index: HashMap::default(),
+            index: HashTable::new(),
             slots: Vec::new(),
-            stamps: Vec::new(),
             queue: VecDeque::new(),
             clock: 0,
             last: None,
@@ -60,6 +77,19 @@ impl<V> FlowTable<V> {
         self.slots.is_empty()
     }
 
+    fn find(&self, flow: &Flow) -> Option<u32> {
+        let slots = &self.slots;
+        self.index
+            .find(hash(flow), |&s| slots[s as usize].flow == *flow)
+            .copied()
+    }
+
+    fn index_insert(&mut self, flow: &Flow, slot: u32) {
+        let slots = &self.slots;
+        self.index
+            .insert_unique(hash(flow), slot, |&s| hash(&slots[s as usize].flow));
+    }
+
     /// The state of `flow`, created by `fresh` if absent; when that needs
     /// room, the least recently used flow and its state go to `evicted`.
     /// (Handed to a closure, not returned: an `Option` of a large state
@@ -71,40 +101,55 @@ impl<V> FlowTable<V> {
         fresh: impl FnOnce() -> V,
         evicted: impl FnOnce(Flow, V),
     ) -> &mut V {
-        let known = match self.last {
-            Some((last, slot)) if last == flow => Some(slot),
-            _ => self.index.get(&flow).copied(),
-        };
-        let slot = match known {
-            Some(slot) => slot,
+        if let Some((last, slot)) = self.last {
+            if last == flow {
+                // Already the most recently used, and in cache.
+                return &mut self.slots[slot as usize].value;
+            }
+        }
+        let slot = match self.find(&flow) {
+            Some(slot) => {
+                prefetch(&self.slots[slot as usize]);
+                slot
+            }
             None if self.slots.len() < self.cap => {
                 let slot = self.slots.len() as u32;
-                self.slots.push((flow, fresh()));
-                self.stamps.push(0);
-                self.index.insert(flow, slot);
+                self.slots.push(Slot {
+                    stamp: 0,
+                    flow,
+                    value: fresh(),
+                });
+                self.index_insert(&flow, slot);
                 self.held = self.weigh();
                 slot
             }
             None => {
                 let slot = self.pop_lru();
-                let old = std::mem::replace(&mut self.slots[slot as usize], (flow, fresh()));
-                self.index.remove(&old.0);
-                self.index.insert(flow, slot);
-                evicted(old.0, old.1);
+                let old = std::mem::replace(
+                    &mut self.slots[slot as usize],
+                    Slot {
+                        stamp: 0,
+                        flow,
+                        value: fresh(),
+                    },
+                );
+                let gone = hash(&old.flow);
+                self.index
+                    .find_entry(gone, |&s| s == slot)
+                    .expect("an indexed slot")
+                    .remove();
+                self.index_insert(&flow, slot);
+                evicted(old.flow, old.value);
                 slot
             }
         };
         self.last = Some((flow, slot));
         self.touch(slot);
-        &mut self.slots[slot as usize].1
+        &mut self.slots[slot as usize].value
     }
 
     fn touch(&mut self, slot: u32) {
-        let stamp = &mut self.stamps[slot as usize];
-        if *stamp == self.clock && self.clock != 0 {
-            // Already the most recently used.
-            return;
-        }
+        let stamp = &mut self.slots[slot as usize].stamp;
         self.clock += 1;
         *stamp = self.clock;
         let grows = self.queue.len() == self.queue.capacity();
@@ -113,8 +158,8 @@ impl<V> FlowTable<V> {
             self.held = self.weigh();
         }
         if self.queue.len() >= 2 * self.slots.len().max(MIN_QUEUE) {
-            let stamps = &self.stamps;
-            self.queue.retain(|&(t, s)| stamps[s as usize] == t);
+            let slots = &self.slots;
+            self.queue.retain(|&(t, s)| slots[s as usize].stamp == t);
         }
     }
 
@@ -124,26 +169,26 @@ impl<V> FlowTable<V> {
                 .queue
                 .pop_front()
                 .expect("a full table has live entries");
-            if self.stamps[s as usize] == t {
+            if self.slots[s as usize].stamp == t {
                 return s;
             }
         }
     }
 
     pub fn peek(&self, flow: &Flow) -> Option<&V> {
-        self.index.get(flow).map(|&s| &self.slots[s as usize].1)
+        self.find(flow).map(|s| &self.slots[s as usize].value)
     }
 
     /// Like [`peek`](Self::peek), mutable; does not count as a use.
     pub fn peek_mut(&mut self, flow: &Flow) -> Option<&mut V> {
-        let slot = *self.index.get(flow)?;
-        Some(&mut self.slots[slot as usize].1)
+        let slot = self.find(flow)?;
+        Some(&mut self.slots[slot as usize].value)
     }
 
     /// The state of the flow accessed last (by [`get_or_insert`](Self::get_or_insert)).
     pub fn last_mut(&mut self) -> Option<&mut V> {
         let (_, slot) = self.last?;
-        Some(&mut self.slots[slot as usize].1)
+        Some(&mut self.slots[slot as usize].value)
     }
 
     /// Bytes its own structures take (by capacity; the states' heap
@@ -157,20 +202,19 @@ impl<V> FlowTable<V> {
         // hashbrown: a power of two of buckets, at most 7/8 full, each an
         // entry and a control byte.
         let buckets = (self.index.capacity() * 8).div_ceil(7);
-        (self.slots.capacity() * size_of::<(Flow, V)>()
-            + self.stamps.capacity() * size_of::<u64>()
+        (self.slots.capacity() * size_of::<Slot<V>>()
             + self.queue.capacity() * size_of::<(u64, u32)>()
-            + buckets * (size_of::<(Flow, u32)>() + 1)) as u64
+            + buckets * (size_of::<u32>() + 1)) as u64
     }
 
     /// All flows, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&Flow, &V)> {
-        self.slots.iter().map(|(f, v)| (f, v))
+        self.slots.iter().map(|s| (&s.flow, &s.value))
     }
 
     /// All flows' states, mutable, in no particular order; not uses.
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.slots.iter_mut().map(|(_, v)| v)
+        self.slots.iter_mut().map(|s| &mut s.value)
     }
 
     /// Evicts flows, least recently used first, while `more` (shown each
@@ -179,11 +223,12 @@ impl<V> FlowTable<V> {
     pub fn evict_oldest_while(&mut self, mut more: impl FnMut(&V) -> bool) -> Vec<(Flow, V)> {
         let mut evict = vec![false; self.slots.len()];
         while let Some(&(t, s)) = self.queue.front() {
-            if self.stamps[s as usize] == t && !more(&self.slots[s as usize].1) {
+            let live = self.slots[s as usize].stamp == t;
+            if live && !more(&self.slots[s as usize].value) {
                 break;
             }
             self.queue.pop_front();
-            evict[s as usize] |= self.stamps[s as usize] == t;
+            evict[s as usize] |= live;
         }
         if !evict.contains(&true) {
             return Vec::new();
@@ -193,17 +238,16 @@ impl<V> FlowTable<V> {
         let survivors = evict.iter().filter(|&&e| !e).count();
         let mut moved = vec![u32::MAX; evict.len()];
         let slots = std::mem::replace(&mut self.slots, Vec::with_capacity(survivors));
-        let stamps = std::mem::replace(&mut self.stamps, Vec::with_capacity(survivors));
-        self.index = HashMap::with_capacity_and_hasher(survivors, FxBuildHasher);
+        self.index = HashTable::with_capacity(survivors);
         let mut evicted = Vec::new();
-        for (i, ((flow, v), stamp)) in slots.into_iter().zip(stamps).enumerate() {
+        for (i, slot) in slots.into_iter().enumerate() {
             if evict[i] {
-                evicted.push((flow, v));
+                evicted.push((slot.flow, slot.value));
             } else {
                 moved[i] = self.slots.len() as u32;
-                self.index.insert(flow, moved[i]);
-                self.slots.push((flow, v));
-                self.stamps.push(stamp);
+                let flow = slot.flow;
+                self.slots.push(slot);
+                self.index_insert(&flow, moved[i]);
             }
         }
         self.queue.retain_mut(|(_, s)| {
@@ -214,6 +258,22 @@ impl<V> FlowTable<V> {
         self.last = None;
         self.held = self.weigh();
         evicted
+    }
+}
+
+/// Asks the CPU for every cache line of `v` at once, so that the state's
+/// fields the segment reads next come in together, not one miss after
+/// another.
+fn prefetch<T>(v: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = (v as *const T).cast::<i8>();
+        for offset in (0..std::mem::size_of::<T>()).step_by(64) {
+            // SAFETY: a prefetch is a hint that never faults, whatever the
+            // address; this one is within `v`.
+            unsafe { _mm_prefetch(p.wrapping_add(offset), _MM_HINT_T0) };
+        }
     }
 }
 
