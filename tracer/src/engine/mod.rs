@@ -285,25 +285,29 @@ fn add_vec(into: &mut Vec<u64>, from: &[u64]) {
     }
 }
 
-/// The wire (XDP) view of one flow direction.
+/// The wire (XDP) view of one flow direction. In declaration order
+/// (`repr(C)`): what every in-order segment reads or writes first, then
+/// what only late segments, migrations and reports touch, so that a
+/// segment touches as few cache lines as it can.
 #[derive(Clone, Debug)]
+#[repr(C)]
 struct WireView {
     unwrap: Unwrap,
-    /// The first byte seen (unwrapped).
-    start: u64,
+    queue: u32,
+    cpu: u32,
+    /// Current reordering-free run (RFC 4737 §4.6 r).
+    run: u64,
     order: OrderDetector,
     rd: ReorderDensity,
     rbd: BufferDensity,
+    /// What a sender's loss detection would have reacted to.
+    log: FlowLog,
     m: Metrics,
-    /// Current reordering-free run (RFC 4737 §4.6 r).
-    run: u64,
-    queue: u32,
-    cpu: u32,
+    /// The first byte seen (unwrapped).
+    start: u64,
     /// The flow's queue before its last queue migration.
     previous_queue: Option<u32>,
     last_migration_ns: Option<u64>,
-    /// What a sender's loss detection would have reacted to.
-    log: FlowLog,
     /// Where the flow's data ended, as its FIN said: past the last data
     /// segment emitted when summary mode kept the last ones in the kernel.
     counted_end: u64,
@@ -346,20 +350,16 @@ impl WireView {
     }
 }
 
-/// Everything kept about one flow direction.
+/// Everything kept about one flow direction: in declaration order
+/// (`repr(C)`), what every segment touches first ([`WireView`] likewise).
 #[derive(Clone, Debug, Default)]
+#[repr(C)]
 pub struct FlowState {
-    wire: Option<WireView>,
-    /// TCP-layer order (tcp_probe): classes only.
-    tcp: Option<Box<(Unwrap, OrderDetector)>>,
-    /// The heap bytes of `tcp`, weighed as a probe updates it.
-    tcp_held: u64,
-    pub tcp_layer: TcpLayer,
     /// All XDP segments (data or not) and their spread over (RX queue,
     /// CPU).
     pub segments: u64,
+    pub last_ns: u64,
     pub paths: Paths,
-    pub local_retransmits: u64,
     /// The ISN, when the SYN was seen in this direction.
     isn: Option<u32>,
     /// Arrival of a SYN without ACK, until the handshake's next segment.
@@ -367,11 +367,17 @@ pub struct FlowState {
     /// Round-trip time seen in the handshake (SYN to the next segment of
     /// this direction, at this observer), or from the socket.
     pub rtt_ns: Option<u64>,
+    wire: Option<WireView>,
+    /// TCP-layer order (tcp_probe): classes only.
+    tcp: Option<Box<(Unwrap, OrderDetector)>>,
+    /// The heap bytes of `tcp`, weighed as a probe updates it.
+    tcp_held: u64,
+    pub tcp_layer: TcpLayer,
+    pub local_retransmits: u64,
     /// The sender's own smoothed and minimum RTT, when its socket is known
     /// (the lab's senders): what the replay's senders use.
     pub sender_rtt_ns: Option<(u64, u64)>,
     pub first_ns: u64,
-    pub last_ns: u64,
     /// Its heap bytes when last weighed ([`memory`]), and of them its
     /// logs'.
     held: u64,
