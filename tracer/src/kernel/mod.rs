@@ -267,8 +267,13 @@ impl Tracer {
         &mut self.rings
     }
 
-    /// Sleeps until a ring has data, a signal arrives, or `timeout`.
+    /// Sleeps until a ring has data, a signal arrives, or `timeout`; while
+    /// the rings' merge holds records, until the earliest may leave.
     pub fn wait_readable(&mut self, timeout: std::time::Duration) -> Result<()> {
+        if let Some(held) = self.rings.held_for() {
+            std::thread::sleep(held.min(timeout));
+            return Ok(());
+        }
         let mut fds: Vec<libc::pollfd> = self
             .rings
             .fds()

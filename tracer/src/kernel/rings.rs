@@ -5,16 +5,20 @@
 //! producer lock; with a ring per CPU, none does, but the collector gets one
 //! stream per CPU. Cross-CPU arrival order is what the tracer measures, so
 //! the merge must never swap two records the kernel timestamped in order:
-//! records wait in a heap until the clock has passed their time by
-//! [`WINDOW`] (a record is committed within microseconds of its timestamp,
-//! and the window is thousands of those), then leave in timestamp order. A
+//! records wait until the clock has passed their time by [`WINDOW`] (a
+//! record is committed within microseconds of its timestamp, and the window
+//! is thousands of those), then leave in timestamp order. A ring's records
+//! come in time order but for one nested in another's run (a softirq in a
+//! process-context program), so each ring's wait in a queue of their bytes
+//! end to end, read and written in sequence, and the merge compares only
+//! the queues' heads; a nested record waits in a small heap of its own. A
 //! record that comes after a later one has left (its program was held up
 //! longer than the window) leaves at once and is counted
 //! ([`Rings::late`]); a test holds the count to 0.
 
 use std::{
     cmp::Reverse,
-    collections::BinaryHeap,
+    collections::{BinaryHeap, VecDeque},
     os::fd::{AsRawFd, RawFd},
     time::Duration,
 };
@@ -25,6 +29,13 @@ use tracer_common::RECORD_TS_AT;
 
 /// How long a record waits for an earlier one from another CPU's ring.
 pub const WINDOW: Duration = Duration::from_millis(20);
+/// How long the collector sleeps while the merge holds records not yet free
+/// to leave: a poll would return at once (the rings are readable whenever
+/// they hold anything), and a wake-up for a handful of records costs more
+/// than the records, so it sleeps until the earliest may leave, at least a
+/// millisecond (records leave in batches) and at most five (no CPU's ring
+/// fills meanwhile).
+const HELD_SLEEP: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(5));
 /// The smallest ring a CPU gets, whatever the total.
 const MIN_RING_BYTES: u32 = 256 << 10;
 
@@ -89,9 +100,9 @@ impl Rings {
                 .with_context(|| format!("placing CPU {cpu}'s ring buffer"))?;
         }
         Ok(Self {
+            merge: Merge::new(rings.len()),
             rings,
             layout,
-            merge: Merge::default(),
             until: 0,
             current: Vec::new(),
             finished: false,
@@ -113,6 +124,19 @@ impl Rings {
         self.merge.late
     }
 
+    /// When the merge holds records: how long the collector sleeps rather
+    /// than poll ([`HELD_SLEEP`]). `None`: nothing is held; wait for the
+    /// rings.
+    pub fn held_for(&self) -> Option<Duration> {
+        if self.finished {
+            return None;
+        }
+        let ((ts, _), _) = self.merge.earliest()?;
+        let leaves = ts.saturating_add(WINDOW.as_nanos() as u64);
+        let until_free = Duration::from_nanos(leaves.saturating_sub(monotonic_ns()));
+        Some(until_free.clamp(HELD_SLEEP.0, HELD_SLEEP.1))
+    }
+
     /// The next record in time order, or `None` until more data comes (or
     /// the clock passes what waits).
     pub fn next_record(&mut self) -> Option<&[u8]> {
@@ -129,9 +153,7 @@ impl Rings {
             }
             self.read();
         }
-        let record = self.merge.pop(self.until)?;
-        self.merge
-            .recycle(std::mem::replace(&mut self.current, record));
+        self.merge.pop_into(self.until, &mut self.current)?;
         Some(&self.current)
     }
 
@@ -147,14 +169,14 @@ impl Rings {
         } else {
             now.saturating_sub(WINDOW.as_nanos() as u64)
         };
-        for ring in &mut self.rings {
+        for (i, ring) in self.rings.iter_mut().enumerate() {
             let mut last = None;
             for _ in 0..READ_BATCH {
                 let Some(record) = ring.next() else {
                     last = None;
                     break;
                 };
-                last = Some(self.merge.push(&record));
+                last = Some(self.merge.push(i, &record));
             }
             if let Some(ts) = last {
                 until = until.min(ts);
@@ -167,55 +189,101 @@ impl Rings {
 /// Records read from each ring before the merge looks at its heap again.
 const READ_BATCH: usize = 4096;
 
-/// Records in timestamp order (ties: the order they were pushed, which is
-/// unique, so the bytes themselves are never compared).
+/// Records in timestamp order; equal times leave in the order they were
+/// pushed.
 #[derive(Default)]
 struct Merge {
-    heap: BinaryHeap<Reverse<(u64, u64, Vec<u8>)>>,
-    /// Rooms of records handed out, for the next ones.
-    spare: Vec<Vec<u8>>,
+    /// Each ring's records in the order read, while in time order.
+    queues: Vec<Queue>,
+    /// Records older than one read before them from the same ring (nested),
+    /// by (time, order pushed): the order pushed is unique, so the bytes
+    /// themselves are never compared.
+    nested: BinaryHeap<Reverse<(u64, u64, Vec<u8>)>>,
     pushed: u64,
     /// The timestamp of the last record released.
     released_ns: u64,
     late: u64,
 }
 
+/// One ring's records: their bytes end to end, and per record its time,
+/// order pushed and length.
+#[derive(Default)]
+struct Queue {
+    bytes: VecDeque<u8>,
+    records: VecDeque<(u64, u64, usize)>,
+}
+
+impl Queue {
+    fn head(&self) -> Option<(u64, u64)> {
+        self.records.front().map(|&(ts, order, _)| (ts, order))
+    }
+}
+
 impl Merge {
-    /// Takes a copy of `record`; its timestamp.
-    fn push(&mut self, record: &[u8]) -> u64 {
+    fn new(rings: usize) -> Self {
+        Self {
+            queues: (0..rings).map(|_| Queue::default()).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Takes a copy of `record`, read from ring `ring`; its timestamp.
+    fn push(&mut self, ring: usize, record: &[u8]) -> u64 {
         let ts = record
             .get(RECORD_TS_AT..RECORD_TS_AT + 8)
             .map_or(0, |b| u64::from_ne_bytes(b.try_into().expect("8 bytes")));
-        let mut bytes = self.spare.pop().unwrap_or_default();
-        bytes.clear();
-        bytes.extend_from_slice(record);
-        self.heap.push(Reverse((ts, self.pushed, bytes)));
+        let order = self.pushed;
         self.pushed += 1;
+        let q = &mut self.queues[ring];
+        if q.records.back().is_some_and(|&(last, ..)| ts < last) {
+            self.nested.push(Reverse((ts, order, record.to_vec())));
+        } else {
+            q.bytes.extend(record);
+            q.records.push_back((ts, order, record.len()));
+        }
         ts
+    }
+
+    /// The earliest record's (time, order pushed), and where it waits: a
+    /// queue's index, or `None` for the nested heap.
+    fn earliest(&self) -> Option<((u64, u64), Option<usize>)> {
+        let queues = self
+            .queues
+            .iter()
+            .enumerate()
+            .filter_map(|(i, q)| Some((q.head()?, Some(i))));
+        let nested = self
+            .nested
+            .peek()
+            .map(|Reverse((ts, order, _))| ((*ts, *order), None));
+        queues.chain(nested).min_by_key(|&(key, _)| key)
     }
 
     /// Whether a record may leave at `until`.
     fn ready(&self, until: u64) -> bool {
-        self.heap
-            .peek()
-            .is_some_and(|Reverse((ts, ..))| *ts <= until)
+        self.earliest().is_some_and(|((ts, _), _)| ts <= until)
     }
 
-    /// The earliest record, if its time is at most `until`.
-    fn pop(&mut self, until: u64) -> Option<Vec<u8>> {
-        if !self.ready(until) {
-            return None;
+    /// The earliest record into `out`, if its time is at most `until`.
+    fn pop_into(&mut self, until: u64, out: &mut Vec<u8>) -> Option<()> {
+        let ((ts, _), from) = self.earliest().filter(|((ts, _), _)| *ts <= until)?;
+        out.clear();
+        match from {
+            Some(i) => {
+                let q = &mut self.queues[i];
+                let (_, _, len) = q.records.pop_front().expect("a head");
+                out.extend(q.bytes.drain(..len));
+            }
+            None => {
+                let Reverse((.., bytes)) = self.nested.pop().expect("a top");
+                out.extend_from_slice(&bytes);
+            }
         }
-        let Reverse((ts, _, bytes)) = self.heap.pop()?;
         if ts < self.released_ns {
             self.late += 1;
         }
         self.released_ns = self.released_ns.max(ts);
-        Some(bytes)
-    }
-
-    fn recycle(&mut self, bytes: Vec<u8>) {
-        self.spare.push(bytes);
+        Some(())
     }
 }
 
@@ -259,38 +327,43 @@ mod tests {
     }
 
     fn drain(m: &mut Merge, until: u64) -> Vec<u8> {
-        std::iter::from_fn(|| m.pop(until).map(|r| r[0])).collect()
+        let mut out = Vec::new();
+        std::iter::from_fn(|| m.pop_into(until, &mut out).map(|()| out[0])).collect()
     }
 
     #[test]
     fn records_leave_in_time_order_once_the_window_has_passed() {
-        let mut m = Merge::default();
+        let mut m = Merge::new(2);
         // Two CPUs' rings read one after the other; within a ring a record
         // nested in another's (a softirq in a process-context run) is
         // behind a later one.
         for (ts, tag) in [(10, 1), (40, 4), (30, 3), (70, 7)] {
-            m.push(&record(ts, tag));
+            m.push(0, &record(ts, tag));
         }
         for (ts, tag) in [(20, 2), (50, 5), (60, 6)] {
-            m.push(&record(ts, tag));
+            m.push(1, &record(ts, tag));
         }
         assert_eq!(drain(&mut m, 45), [1, 2, 3, 4]);
         // An earlier record still to come is within the window: it waits.
-        m.push(&record(55, 8));
+        m.push(1, &record(55, 8));
         assert_eq!(drain(&mut m, 100), [5, 8, 6, 7]);
         assert_eq!(m.late, 0);
-        // Equal times leave in the order they were read.
-        m.push(&record(200, 1));
-        m.push(&record(200, 2));
-        assert_eq!(drain(&mut m, 200), [1, 2]);
+        // Equal times leave in the order they were read, across rings and
+        // the nested ones.
+        m.push(0, &record(300, 9));
+        m.push(0, &record(200, 1));
+        m.push(1, &record(200, 2));
+        m.push(0, &record(200, 3));
+        assert_eq!(drain(&mut m, 300), [1, 2, 3, 9]);
+        assert_eq!(m.late, 0);
     }
 
     #[test]
     fn a_record_later_than_its_window_leaves_at_once_and_is_counted() {
-        let mut m = Merge::default();
-        m.push(&record(100, 1));
+        let mut m = Merge::new(2);
+        m.push(0, &record(100, 1));
         assert_eq!(drain(&mut m, 100), [1]);
-        m.push(&record(90, 2));
+        m.push(1, &record(90, 2));
         assert_eq!(drain(&mut m, 100), [2]);
         assert_eq!(m.late, 1);
     }
