@@ -205,17 +205,39 @@ struct Merge {
     late: u64,
 }
 
-/// One ring's records: their bytes end to end, and per record its time,
-/// order pushed and length.
+/// One ring's records: their bytes end to end from `start` (copied in and
+/// out whole, not byte by byte as a `VecDeque<u8>` would), and per record
+/// its time, order pushed and length.
 #[derive(Default)]
 struct Queue {
-    bytes: VecDeque<u8>,
+    bytes: Vec<u8>,
+    start: usize,
     records: VecDeque<(u64, u64, usize)>,
 }
 
 impl Queue {
     fn head(&self) -> Option<(u64, u64)> {
         self.records.front().map(|&(ts, order, _)| (ts, order))
+    }
+
+    fn push(&mut self, ts: u64, order: u64, record: &[u8]) {
+        self.bytes.extend_from_slice(record);
+        self.records.push_back((ts, order, record.len()));
+    }
+
+    fn pop_into(&mut self, out: &mut Vec<u8>) {
+        let (_, _, len) = self.records.pop_front().expect("a head");
+        out.extend_from_slice(&self.bytes[self.start..self.start + len]);
+        self.start += len;
+        if self.records.is_empty() {
+            self.bytes.clear();
+            self.start = 0;
+        } else if self.start > self.bytes.len() / 2 {
+            // What was read goes once it is the larger part: each byte
+            // moves at most once on average.
+            self.bytes.drain(..self.start);
+            self.start = 0;
+        }
     }
 }
 
@@ -238,8 +260,7 @@ impl Merge {
         if q.records.back().is_some_and(|&(last, ..)| ts < last) {
             self.nested.push(Reverse((ts, order, record.to_vec())));
         } else {
-            q.bytes.extend(record);
-            q.records.push_back((ts, order, record.len()));
+            q.push(ts, order, record);
         }
         ts
     }
@@ -269,11 +290,7 @@ impl Merge {
         let ((ts, _), from) = self.earliest().filter(|((ts, _), _)| *ts <= until)?;
         out.clear();
         match from {
-            Some(i) => {
-                let q = &mut self.queues[i];
-                let (_, _, len) = q.records.pop_front().expect("a head");
-                out.extend(q.bytes.drain(..len));
-            }
+            Some(i) => self.queues[i].pop_into(out),
             None => {
                 let Reverse((.., bytes)) = self.nested.pop().expect("a top");
                 out.extend_from_slice(&bytes);
