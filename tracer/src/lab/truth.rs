@@ -42,8 +42,10 @@ pub struct FlowTruth {
     /// Times the flow's queue changed between consecutive segments in
     /// order (what a receiver sees as queue migrations).
     pub queue_changes: u64,
-    /// Segments per (queue, CPU) they were steered to.
-    pub paths: BTreeMap<String, u64>,
+    /// Segments per (queue, CPU) they were steered to (in JSON keyed
+    /// `queue Q cpu C`).
+    #[serde(serialize_with = "path_names")]
+    pub paths: BTreeMap<(u32, u32), u64>,
     /// TCP segments, data or not, that left on another queue than the one
     /// RSS picks for the flow (counted by the edge's egress program).
     pub off_rss: u64,
@@ -53,6 +55,17 @@ pub struct FlowTruth {
     /// Sequence numbers already carried out.
     #[serde(skip)]
     delivered: HashSet<u32>,
+}
+
+fn path_names<S: serde::Serializer>(
+    paths: &BTreeMap<(u32, u32), u64>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_map(
+        paths
+            .iter()
+            .map(|((queue, cpu), n)| (format!("queue {queue} cpu {cpu}"), n)),
+    )
 }
 
 /// The ground truth of one lab run.
@@ -89,9 +102,7 @@ impl Truth {
         // The CPU that carried it out of the edge is the one the server's
         // receive path runs on for it.
         let cpu = ev.egress_cpu;
-        *f.paths
-            .entry(format!("queue {} cpu {cpu}", ev.queue))
-            .or_default() += 1;
+        *f.paths.entry((ev.queue, cpu)).or_default() += 1;
         match f.newest {
             Some((index, queue, newest_cpu)) if ev.index < index => {
                 if !first_copy {
@@ -294,7 +305,9 @@ mod tests {
         }
         let f = t.flow(40_000).unwrap();
         assert_eq!((f.segments, f.late, f.late_on_another_path), (7, 2, 2));
-        assert_eq!(f.paths["queue 0 cpu 0"], 4);
+        assert_eq!(f.paths[&(0, 0)], 4);
+        let json = serde_json::to_value(f).expect("serializable");
+        assert_eq!(json["paths"]["queue 0 cpu 0"], 4);
         assert_eq!(f.queue_changes, 1);
     }
 
