@@ -267,31 +267,10 @@ impl Tracer {
         &mut self.rings
     }
 
-    /// Sleeps until a ring has data, a signal arrives, or `timeout`; while
-    /// the rings' merge holds records, until the earliest may leave.
+    /// Sleeps until the programs wake the collector, a signal arrives, or
+    /// `timeout` ([`Rings::wait`]).
     pub fn wait_readable(&mut self, timeout: std::time::Duration) -> Result<()> {
-        if let Some(held) = self.rings.held_for() {
-            std::thread::sleep(held.min(timeout));
-            return Ok(());
-        }
-        let mut fds: Vec<libc::pollfd> = self
-            .rings
-            .fds()
-            .map(|fd| libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            })
-            .collect();
-        // SAFETY: valid pollfds, as many as said.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, timeout.as_millis() as i32) };
-        if n < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(err).context("polling the ring buffer");
-            }
-        }
-        Ok(())
+        self.rings.wait(timeout)
     }
 
     /// Detaches and unloads the programs. The ring buffer and the counters

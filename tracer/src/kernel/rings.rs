@@ -19,7 +19,7 @@
 use std::{
     cmp::Reverse,
     collections::{BinaryHeap, VecDeque},
-    os::fd::{AsRawFd, RawFd},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     time::Duration,
 };
 
@@ -29,13 +29,6 @@ use tracer_common::RECORD_TS_AT;
 
 /// How long a record waits for an earlier one from another CPU's ring.
 pub const WINDOW: Duration = Duration::from_millis(20);
-/// How long the collector sleeps while the merge holds records not yet free
-/// to leave: a poll would return at once (the rings are readable whenever
-/// they hold anything), and a wake-up for a handful of records costs more
-/// than the records, so it sleeps until the earliest may leave, at least a
-/// millisecond (records leave in batches) and at most five (no CPU's ring
-/// fills meanwhile).
-const HELD_SLEEP: (Duration, Duration) = (Duration::from_millis(1), Duration::from_millis(5));
 /// The smallest ring a CPU gets, whatever the total.
 const MIN_RING_BYTES: u32 = 256 << 10;
 
@@ -53,6 +46,10 @@ pub enum RingLayout {
 /// The rings of one tracer and the merge of their records.
 pub struct Rings {
     rings: Vec<RingBuf<MapData>>,
+    /// Every ring, edge-triggered: a wait ends on the programs' wake-ups
+    /// (an eighth of a ring filled, a mark) or its timeout, not whenever a
+    /// ring holds something, which it nearly always does at high rates.
+    epoll: OwnedFd,
     layout: RingLayout,
     merge: Merge,
     /// Records up to this time may leave: nothing still in a ring can be
@@ -99,8 +96,34 @@ impl Rings {
                 .set(cpu, ring, 0)
                 .with_context(|| format!("placing CPU {cpu}'s ring buffer"))?;
         }
+        // SAFETY: no pointers; the result is checked.
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(std::io::Error::last_os_error()).context("creating an epoll instance");
+        }
+        // SAFETY: a new descriptor that nothing else owns.
+        let epoll = unsafe { OwnedFd::from_raw_fd(epoll) };
+        for ring in &rings {
+            let mut event = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+                u64: 0,
+            };
+            // SAFETY: valid descriptors and a valid event.
+            let r = unsafe {
+                libc::epoll_ctl(
+                    epoll.as_raw_fd(),
+                    libc::EPOLL_CTL_ADD,
+                    ring.as_raw_fd(),
+                    &mut event,
+                )
+            };
+            if r < 0 {
+                return Err(std::io::Error::last_os_error()).context("watching a ring buffer");
+            }
+        }
         Ok(Self {
             merge: Merge::new(rings.len()),
+            epoll,
             rings,
             layout,
             until: 0,
@@ -109,9 +132,34 @@ impl Rings {
         })
     }
 
-    /// The rings' descriptors, readable when data waits.
-    pub fn fds(&self) -> impl Iterator<Item = RawFd> + '_ {
-        self.rings.iter().map(|r| r.as_raw_fd())
+    /// Sleeps until the programs wake the collector, a signal comes or
+    /// `timeout` passes; while the merge holds records, at most until the
+    /// earliest may leave, but at least a quarter of the window, so that
+    /// records leave in batches (a wake-up every record or two had cost
+    /// the collector more than the records).
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let timeout = self
+            .held_for()
+            .map_or(timeout, |held| held.max(WINDOW / 4).min(timeout));
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        // Rounded up: a wait of 0 ms would return at once.
+        let ms = timeout.as_micros().div_ceil(1000) as i32;
+        // SAFETY: a valid epoll descriptor and room for as many events as said.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len() as i32,
+                ms,
+            )
+        };
+        if n < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(err).context("waiting for the ring buffers");
+            }
+        }
+        Ok(())
     }
 
     /// Nothing more will be written: the merge releases what it holds.
@@ -124,17 +172,15 @@ impl Rings {
         self.merge.late
     }
 
-    /// When the merge holds records: how long the collector sleeps rather
-    /// than poll ([`HELD_SLEEP`]). `None`: nothing is held; wait for the
-    /// rings.
-    pub fn held_for(&self) -> Option<Duration> {
+    /// When the merge holds records: how long until the earliest may
+    /// leave. `None`: nothing is held.
+    fn held_for(&self) -> Option<Duration> {
         if self.finished {
             return None;
         }
         let ((ts, _), _) = self.merge.earliest()?;
         let leaves = ts.saturating_add(WINDOW.as_nanos() as u64);
-        let until_free = Duration::from_nanos(leaves.saturating_sub(monotonic_ns()));
-        Some(until_free.clamp(HELD_SLEEP.0, HELD_SLEEP.1))
+        Some(Duration::from_nanos(leaves.saturating_sub(monotonic_ns())))
     }
 
     /// The next record in time order, or `None` until more data comes (or
