@@ -37,7 +37,7 @@ use tracer::{
 };
 
 mod common;
-use common::{root_or_skip, u, under_tcg, BIN};
+use common::{guests_or_skip, root_or_skip, u, under_tcg, BIN};
 
 /// Runs `tracer lab --json --quiet ARGS`; the report.
 fn lab_json(args: &[&str]) -> Value {
@@ -1111,7 +1111,7 @@ fn guests_left() -> Vec<String> {
 /// linux-adaptive with nothing dropped; not yet explained, so not held.)
 #[test]
 fn guest_senders_of_each_policy_run_their_policy_side_by_side() {
-    if !root_or_skip("guest_senders_of_each_policy_run_their_policy_side_by_side") {
+    if !guests_or_skip("guest_senders_of_each_policy_run_their_policy_side_by_side") {
         return;
     }
     let r = lab_json(&[
@@ -1199,7 +1199,7 @@ fn guest_senders_of_each_policy_run_their_policy_side_by_side() {
 /// once stalled the flow with data queued and nothing in flight.)
 #[test]
 fn without_dsacks_the_classic_guest_undoes_nothing() {
-    if !root_or_skip("without_dsacks_the_classic_guest_undoes_nothing") {
+    if !guests_or_skip("without_dsacks_the_classic_guest_undoes_nothing") {
         return;
     }
     let r = lab_json(&[
@@ -1254,7 +1254,7 @@ fn without_dsacks_the_classic_guest_undoes_nothing() {
 /// it is left either way.
 #[test]
 fn a_guest_sender_is_gone_after_sigint_and_sigkill() {
-    if !root_or_skip("a_guest_sender_is_gone_after_sigint_and_sigkill") {
+    if !guests_or_skip("a_guest_sender_is_gone_after_sigint_and_sigkill") {
         return;
     }
     for sig in [libc::SIGINT, libc::SIGKILL] {

@@ -21,7 +21,7 @@ use std::{
 use tracer::lab::{self, truth, Lab, LabSpec, WanSpec};
 
 mod common;
-use common::root_or_skip;
+use common::{guests_or_skip, root_or_skip};
 
 const RTT_MS: f64 = 20.0;
 const RATE_MBIT: u32 = 200;
@@ -236,7 +236,7 @@ fn the_wan_path_holds_each_packet_one_round_trip_and_shapes_the_data() {
 /// every byte received, nothing lost in the delay line.
 #[test]
 fn a_guest_sender_crosses_the_wan_path_with_its_buffers_raised() {
-    if !root_or_skip("a_guest_sender_crosses_the_wan_path_with_its_buffers_raised") {
+    if !guests_or_skip("a_guest_sender_crosses_the_wan_path_with_its_buffers_raised") {
         return;
     }
     let out = Command::new(common::BIN)

@@ -289,6 +289,10 @@ impl Guest {
             );
         }
         if report.counters.is_empty() {
+            let text = std::fs::read_to_string(&console).unwrap_or_default();
+            if let Some(why) = why_it_died(&text) {
+                bail!("the {} sender's guest could not run: {why}", self.kind);
+            }
             bail!(
                 "the {} sender's guest ended without its report (its console: {})",
                 self.kind,
@@ -297,6 +301,94 @@ impl Guest {
         }
         Ok(report)
     }
+}
+
+/// What a user-mode kernel's console says when it cannot run on this host,
+/// in one line: Debian's user-mode-linux 6.1 kills its init setting the
+/// process's FP registers through ptrace on CPUs whose register state has
+/// grown past what it knows (AMX).
+fn why_it_died(console: &str) -> Option<String> {
+    console.contains("ptrace set fp regs failed").then(|| {
+        let amx = std::fs::read_to_string("/proc/cpuinfo")
+            .is_ok_and(|c| c.split_whitespace().any(|f| f == "amx_tile"));
+        format!(
+            "its Linux 6.1 kernel (user-mode-linux) panicked setting its init's FP registers through ptrace (`ptrace set fp regs failed`){}; the host's own senders (host, newreno) run here",
+            if amx {
+                ", as it does on CPUs with AMX register state, which this one has"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
+/// Whether a user-mode guest can run on this host at all: boots one with
+/// an init that only says so and powers off (about 2 s). `Err`: why not,
+/// in one line.
+pub fn boots() -> Result<(), String> {
+    if !Path::new(UML).exists() {
+        return Err(format!("{UML} is not installed"));
+    }
+    let dir = std::env::temp_dir().join(format!("tracer-uml-probe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let result = probe(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn probe(dir: &Path) -> Result<(), String> {
+    const SAID: &str = "tracer-uml-probe: up";
+    let fail = |e: std::io::Error| e.to_string();
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let init = dir.join("init");
+    std::fs::write(&init, format!("#!/bin/sh\necho '{SAID}'\npoweroff -f\n")).map_err(fail)?;
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .map_err(fail)?;
+    let console = dir.join("console.log");
+    let out = std::fs::File::create(&console).map_err(fail)?;
+    let mut child = Command::new(UML)
+        .args([
+            "mem=64M",
+            "quiet",
+            "rootfstype=hostfs",
+            "rootflags=/",
+            &format!("init={}", init.display()),
+            &format!("umid=tracer-uml-probe-{}", std::process::id()),
+            &format!("uml_dir={}", dir.display()),
+            "con=null",
+            "con0=null,fd:1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().map_err(fail)?)
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .map_err(fail)?;
+    let until = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().map_err(fail)?.is_none() {
+        if Instant::now() > until {
+            // SAFETY: signals the guest's own process group.
+            unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+            let _ = child.wait();
+            return Err("a user-mode guest did not boot within 30 s".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its helper processes share its group: none outlives the probe.
+    // SAFETY: signals the guest's own process group.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let text = std::fs::read_to_string(&console).unwrap_or_default();
+    if text.contains(SAID) {
+        return Ok(());
+    }
+    Err(why_it_died(&text).unwrap_or_else(|| {
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        format!("a user-mode guest did not boot (its console's last line: {last})")
+    }))
 }
 
 impl Drop for Guest {

@@ -12,6 +12,22 @@ pub fn root_or_skip(test: &str) -> bool {
     root
 }
 
+/// Root, and a user-mode guest boots here (once per test process): else
+/// says why the test is skipped.
+pub fn guests_or_skip(test: &str) -> bool {
+    static BOOTS: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    if !root_or_skip(test) {
+        return false;
+    }
+    match BOOTS.get_or_init(tracer::lab::guest::boots) {
+        Ok(()) => true,
+        Err(why) => {
+            eprintln!("{test}: skipped: user-mode-linux cannot run on this host: {why}");
+            false
+        }
+    }
+}
+
 /// True inside a TCG guest of the kernel matrix (`cargo xtask test
 /// --kernel`): emulated CPUs, several times slower, so uploads get more time
 /// and shares that depend on speed are held more loosely.

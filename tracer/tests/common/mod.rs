@@ -13,7 +13,7 @@ use tracer::lab::{self, Lab};
 
 mod host;
 #[allow(unused_imports)] // (not every test target uses both)
-pub use host::{root_or_skip, under_tcg};
+pub use host::{guests_or_skip, root_or_skip, under_tcg};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tracer");
 
