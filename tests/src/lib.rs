@@ -13,7 +13,7 @@ use tracer::{
 
 #[path = "../../tracer/tests/common/host.rs"]
 mod host;
-pub use host::{root_or_skip, under_tcg};
+pub use host::{guests_or_skip, root_or_skip, under_tcg};
 
 /// Where in the lab the tracer is attached.
 #[derive(Clone, Copy)]

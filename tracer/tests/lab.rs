@@ -307,9 +307,31 @@ fn atr_until_late(rate: &str, n_flows: &str, extra: &[&str]) -> Value {
     // The cap was never meant to be reached: if it is, the experiment is
     // too weak for this host (re-point more often, or more flows), never a
     // reason to expect less.
+    // What each flow did, for a run that stopped at the cap: the senders'
+    // sockets and what left the edge (a flow may never have reached it).
+    let seen = format!(
+        "sockets {}; at the edge {}",
+        r["lab"]["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| format!("{} {}/{} bytes", s["flow"]["src"], s["received"], s["sent"]))
+            .collect::<Vec<_>>()
+            .join(", "),
+        r["lab"]["edge"]["flows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|f| format!(
+                "port {} {} segments {} late",
+                f["client_port"], f["segments"], f["late"]
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     assert_eq!(
         until["reached"], true,
-        "the edge made only {} late segments in a flow within the cap: {until}",
+        "the edge made only {} late segments in a flow within the cap: {until}; {seen}",
         until["fewest"]
     );
     for (_, truth, sockets) in flows(&r) {
