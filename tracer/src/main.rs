@@ -21,6 +21,12 @@ fn main() -> ExitCode {
         Command::Live(args) => cli::record(args, true),
         Command::Lab(args) => cli::lab(args),
         Command::LabSend(args) => cli::lab_send(args),
+        Command::GuestCheck => tracer::lab::guest::boots()
+            .map(|()| ExitCode::SUCCESS)
+            .map_err(|why| {
+                SetupError::BadArgument(format!("user-mode-linux cannot run on this host: {why}"))
+                    .into()
+            }),
         Command::Analyze(args) => cli::analyze(args, false),
         Command::Replay(args) => cli::analyze(args, true),
     };

@@ -311,15 +311,23 @@ const DEMO: [&str; 18] = [
     "--bytes=8G",
 ];
 
+/// The demo's arguments: [`DEMO`], or where no guest sender can run (the
+/// built tracer says why) the same with this kernel's own sender.
+fn demo(bin: &Path) -> Vec<String> {
+    let mut args: Vec<String> = DEMO.map(String::from).to_vec();
+    let guests = || Command::new(bin).arg("guest-check").status();
+    if is_root() && !guests().is_ok_and(|s| s.success()) {
+        println!("xtask: the demo's senders are this kernel's own (--sender host): its guest senders cannot run here (above)");
+        args[3] = "host".into();
+    }
+    args
+}
+
 fn build_and_run(args: Vec<String>) -> Result<ExitCode> {
     setup()?;
     sh(cargo().args(["build", "--release", "--package", "tracer"]))?;
     let bin = root_dir().join("target/release/tracer");
-    let args = if args.is_empty() {
-        DEMO.map(String::from).to_vec()
-    } else {
-        args
-    };
+    let args = if args.is_empty() { demo(&bin) } else { args };
     if !is_root() {
         let line = format!("{} {}", bin.display(), args.join(" "));
         eprintln!("xtask: built. Loading eBPF programs needs root; rerun as root:");

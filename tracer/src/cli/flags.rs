@@ -49,6 +49,11 @@ pub enum Command {
     /// it did for the lab to read.
     #[command(hide = true)]
     LabSend(LabSendArgs),
+    /// Whether a lab's guest sender (user-mode-linux) can run on this
+    /// host: exit 0, or 2 with why not in one line (`cargo xtask
+    /// build-and-run` asks before its demo).
+    #[command(hide = true)]
+    GuestCheck,
 }
 
 #[derive(Args)]
