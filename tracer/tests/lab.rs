@@ -364,9 +364,9 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
         let extra = if ipv6 {
             [&files[..], &["--ipv6"]].concat()
         } else if rate == "20" {
-            // One ring for every CPU, read in its order: the same answer
-            // as the CPUs' rings merged by time, segment by segment.
-            [&files[..], &["--rings", "single"]].concat()
+            // A ring per CPU, merged by time: the same answer as one ring
+            // for every CPU (the default), segment by segment.
+            [&files[..], &["--rings", "per-cpu"]].concat()
         } else {
             files.to_vec()
         };

@@ -85,7 +85,7 @@ pub struct TraceArgs {
     pub(crate) ring_mib: u32,
     /// A ring buffer per CPU, merged back into time order (no CPU waits on
     /// another's), or one for every CPU, read in its own order.
-    #[arg(long, value_enum, default_value_t = RingLayout::PerCpu)]
+    #[arg(long, value_enum, default_value_t = RingLayout::default())]
     pub(crate) rings: RingLayout,
     /// Summary mode, for 10-100 GbE hosts: XDP keeps per-flow state and
     /// emits only segments that arrive below or above the flow's highest

@@ -111,7 +111,7 @@ impl TracerOptions {
             xdp_mode: XdpModeChoice::Auto,
             filter: Filter::default(),
             ring_bytes: DEFAULT_RING_BYTES,
-            rings: RingLayout::PerCpu,
+            rings: RingLayout::default(),
             xdp: true,
             tcp_layer: true,
             summary_sample: 0,
