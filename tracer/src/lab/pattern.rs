@@ -6,11 +6,16 @@
 //!
 //! The thread records, for each held segment, exactly which data segments
 //! overtook it: that is the ground truth the RFC 4737 metrics of the
-//! tracer must equal (extent = segments that passed it, byte offset =
-//! their bytes).
+//! tracer must equal (extent = segments that reached the server between
+//! the first one above it and it, byte offset = their bytes above it).
+//! It keeps what it let through byte by byte, so that a segment counts
+//! as the server counts it: only when it brings bytes the server has not
+//! had (a copy of bytes already let through brings none), whatever its
+//! place (a retransmission of a segment lost before the edge, let
+//! through while one is held, is an arrival in between).
 
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, HashMap, VecDeque},
     str::FromStr,
     sync::{
         atomic::{AtomicBool, Ordering},
@@ -84,13 +89,17 @@ pub struct HeldSegment {
     pub payload_len: u32,
     /// It started below bytes its flow had sent before: a retransmission.
     pub retransmission: bool,
-    /// A copy of it (a retransmission) passed it: it reaches the server
-    /// as a duplicate.
+    /// Some of its bytes were let through while it was held (a
+    /// retransmission passed it): it reaches the server as a duplicate.
     pub superseded: bool,
-    /// Data segments of its flow with higher sequence numbers let through
-    /// while it was held, and their payload bytes.
+    /// Data segments of its flow that brought the server new bytes while
+    /// it was held, from the first one above it on (its RFC 4737
+    /// extent), and their new bytes above it (its byte offset).
     pub passed_segments: u32,
     pub passed_bytes: u64,
+    /// How many arrivals just before it were all above it, up to 8: it is
+    /// n-reordered (RFC 4737 §5) for n up to this.
+    pub higher_before: u8,
     pub held_us: u64,
 }
 
@@ -213,8 +222,126 @@ fn tcp_segment(packet: &[u8]) -> Option<(u16, u32, u32)> {
 struct Holding {
     id: u32,
     seg: HeldSegment,
+    /// Its bytes, in its flow's unwrapped sequence space.
+    start: u64,
+    end: u64,
     since: Instant,
     until: Option<Instant>,
+}
+
+/// What one flow sent through the edge, in unwrapped sequence space.
+#[derive(Default)]
+struct Sent {
+    /// The last sequence number seen, unwrapped: the reference for the
+    /// next (serial-number arithmetic, RFC 1982).
+    anchor: Option<u64>,
+    /// One past the highest byte the flow sent.
+    end: u64,
+    /// Byte ranges let through to the server, merged: start -> end.
+    passed: BTreeMap<u64, u64>,
+    /// The first new byte of the last arrivals, newest last.
+    recent: VecDeque<u64>,
+}
+
+/// The largest n the tracer reports n-reordering for.
+const MAX_N: usize = 8;
+
+impl Sent {
+    fn unwrap(&mut self, seq: u32) -> u64 {
+        // The first starts 2^32 up, so that a later one may lie below it.
+        let anchor = self.anchor.unwrap_or((1 << 32) + u64::from(seq));
+        let at = anchor.wrapping_add_signed(i64::from(seq.wrapping_sub(anchor as u32) as i32));
+        self.anchor = Some(at);
+        at
+    }
+
+    /// Consecutive arrivals just before now whose first new byte was
+    /// above `start`.
+    fn higher_before(&self, start: u64) -> u8 {
+        self.recent.iter().rev().take_while(|&&s| s > start).count() as u8
+    }
+
+    /// Lets [start, end) through; returns the parts of it the server had
+    /// not been sent before, in order (none: no arrival).
+    fn pass(&mut self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut new = Vec::new();
+        let mut at = start;
+        if let Some((_, &e)) = self.passed.range(..=start).next_back() {
+            at = at.max(e);
+        }
+        for (&s, &e) in self.passed.range(start..end) {
+            if s > at {
+                new.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            new.push((at, end));
+        }
+        if let Some(&(first_new, _)) = new.first() {
+            if self.recent.len() == MAX_N {
+                self.recent.pop_front();
+            }
+            self.recent.push_back(first_new);
+        }
+        // Merge [start, end) with every range it touches.
+        let (mut s, mut e) = (start, end);
+        if let Some((&ps, &pe)) = self.passed.range(..=start).next_back() {
+            if pe >= start {
+                s = ps;
+                e = e.max(pe);
+            }
+        }
+        let touched: Vec<u64> = self.passed.range(s..=e).map(|(&k, _)| k).collect();
+        for k in touched {
+            e = e.max(self.passed.remove(&k).expect("listed"));
+        }
+        self.passed.insert(s, e);
+        new
+    }
+}
+
+/// Lets held segment `h` through: an arrival for the segments still held.
+fn release(
+    queue: &NfQueue,
+    h: Holding,
+    held: &mut VecDeque<Holding>,
+    sent: &mut HashMap<u16, Sent>,
+    truth: &mut PatternTruth,
+) -> Result<()> {
+    let port = h.seg.client_port;
+    let flow = sent.get_mut(&port).expect("held after seen");
+    truth.held.push(HeldSegment {
+        held_us: h.since.elapsed().as_micros() as u64,
+        higher_before: flow.higher_before(h.start),
+        ..h.seg
+    });
+    let new = flow.pass(h.start, h.end);
+    overtake(held, port, &new);
+    queue.accept(h.id).context("NFQUEUE verdict")
+}
+
+/// Counts the arrival at the server of `new` bytes of `port`'s flow (the
+/// parts of a segment it had not had) against the segments still held.
+fn overtake(held: &mut VecDeque<Holding>, port: u16, new: &[(u64, u64)]) {
+    let Some(&(first_new, _)) = new.first() else {
+        // A duplicate at the server: no arrival.
+        return;
+    };
+    for h in held.iter_mut().filter(|h| h.seg.client_port == port) {
+        if new.iter().any(|&(s, e)| s < h.end && e > h.start) {
+            h.seg.superseded = true;
+        }
+        // The first arrival above it opens its hole; every arrival from
+        // there on is counted.
+        if h.seg.passed_segments > 0 || first_new > h.start {
+            h.seg.passed_segments += 1;
+            h.seg.passed_bytes += new
+                .iter()
+                .map(|&(s, e)| e.saturating_sub(s.max(h.end)))
+                .sum::<u64>();
+        }
+    }
 }
 
 fn run(mut queue: NfQueue, pattern: Pattern, stop: &AtomicBool) -> Result<PatternTruth> {
@@ -223,15 +350,8 @@ fn run(mut queue: NfQueue, pattern: Pattern, stop: &AtomicBool) -> Result<Patter
         ..Default::default()
     };
     let mut held: VecDeque<Holding> = VecDeque::new();
-    // Per client port: one past the highest sequence number sent.
-    let mut sent_end: std::collections::HashMap<u16, u32> = Default::default();
-    let release = |queue: &NfQueue, h: Holding, truth: &mut PatternTruth| -> Result<()> {
-        truth.held.push(HeldSegment {
-            held_us: h.since.elapsed().as_micros() as u64,
-            ..h.seg
-        });
-        queue.accept(h.id).context("NFQUEUE verdict")
-    };
+    // Per client port: what the flow sent and what was let through.
+    let mut sent: HashMap<u16, Sent> = HashMap::new();
     let mut arrived: VecDeque<Packet> = VecDeque::new();
     let (every, hold) = match pattern {
         Pattern::Swap { every } => (every, None),
@@ -246,7 +366,7 @@ fn run(mut queue: NfQueue, pattern: Pattern, stop: &AtomicBool) -> Result<Patter
             .is_some_and(|h| h.until.is_some_and(|t| Instant::now() >= t))
         {
             let h = held.pop_front().expect("not empty");
-            release(&queue, h, &mut truth)?;
+            release(&queue, h, &mut held, &mut sent, &mut truth)?;
         }
         let Some(msg) = arrived.pop_front() else {
             queue.wait(Duration::from_micros(20))?;
@@ -257,26 +377,17 @@ fn run(mut queue: NfQueue, pattern: Pattern, stop: &AtomicBool) -> Result<Patter
         let Some((port, seq, len)) = seg.filter(|s| s.2 > 0) else {
             // Control segments (handshake, FIN) never pass a held one.
             while let Some(h) = held.pop_front() {
-                release(&queue, h, &mut truth)?;
+                release(&queue, h, &mut held, &mut sent, &mut truth)?;
             }
             queue.accept(msg.id)?;
             continue;
         };
         truth.data_segments += 1;
-        let end = seq.wrapping_add(len);
-        let retransmission = match sent_end.get(&port) {
-            // Serial-number comparison (RFC 1982).
-            Some(&e) => {
-                if (end.wrapping_sub(e) as i32) > 0 {
-                    sent_end.insert(port, end);
-                }
-                (seq.wrapping_sub(e) as i32) < 0
-            }
-            None => {
-                sent_end.insert(port, end);
-                false
-            }
-        };
+        let flow = sent.entry(port).or_default();
+        let start = flow.unwrap(seq);
+        let end = start + u64::from(len);
+        let retransmission = start < flow.end;
+        flow.end = flow.end.max(end);
         if truth.data_segments.is_multiple_of(u64::from(every)) {
             held.push_back(Holding {
                 id: msg.id,
@@ -287,29 +398,26 @@ fn run(mut queue: NfQueue, pattern: Pattern, stop: &AtomicBool) -> Result<Patter
                     retransmission,
                     ..Default::default()
                 },
+                start,
+                end,
                 since: Instant::now(),
                 until: hold.map(|d| Instant::now() + d),
             });
             continue;
         }
         queue.accept(msg.id)?;
-        for h in held.iter_mut().filter(|h| h.seg.client_port == port) {
-            if seq == h.seg.seq {
-                h.seg.superseded = true;
-            } else if (seq.wrapping_sub(h.seg.seq) as i32) > 0 {
-                h.seg.passed_segments += 1;
-                h.seg.passed_bytes += u64::from(len);
-            }
-        }
+        // An arrival at the server only if it brings bytes it has not had.
+        let new = flow.pass(start, end);
+        overtake(&mut held, port, &new);
         if hold.is_none() {
             // Swap: the held one follows the segment that passed it.
             while let Some(h) = held.pop_front() {
-                release(&queue, h, &mut truth)?;
+                release(&queue, h, &mut held, &mut sent, &mut truth)?;
             }
         }
     }
     while let Some(h) = held.pop_front() {
-        release(&queue, h, &mut truth)?;
+        release(&queue, h, &mut held, &mut sent, &mut truth)?;
     }
     for msg in arrived {
         queue.accept(msg.id)?;
@@ -336,6 +444,61 @@ mod tests {
         for bad in ["swap", "swap:0", "hold:5", "shuffle:3", "swap:x"] {
             assert!(bad.parse::<Pattern>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn what_was_let_through_is_kept_byte_by_byte() {
+        let mut f = Sent::default();
+        // Unwrapped across the 32-bit wrap, and backwards.
+        let a = f.unwrap(u32::MAX - 9);
+        assert_eq!(f.unwrap(10), a + 20);
+        assert_eq!(f.unwrap(u32::MAX - 9), a);
+        assert_eq!(f.pass(0, 100), vec![(0, 100)]);
+        assert_eq!(f.pass(200, 300), vec![(200, 300)]);
+        // A copy brings nothing; one across a gap brings the gap.
+        assert_eq!(f.pass(0, 100), vec![]);
+        assert_eq!(f.pass(50, 250), vec![(100, 200)]);
+        assert_eq!(f.passed, BTreeMap::from([(0, 300)]));
+        assert_eq!(f.pass(300, 400), vec![(300, 400)]);
+        assert_eq!(f.pass(500, 600), vec![(500, 600)]);
+        assert_eq!(f.pass(350, 700), vec![(400, 500), (600, 700)]);
+        assert_eq!(f.passed, BTreeMap::from([(0, 700)]));
+        // Arrivals' first new bytes: 0, 200, 100, 300, 500, 400.
+        assert_eq!(f.higher_before(350), 2);
+        assert_eq!(f.higher_before(450), 0);
+        assert_eq!(f.higher_before(50), 5);
+    }
+
+    #[test]
+    fn arrivals_count_as_the_server_counts_them() {
+        let holding = |start: u64| Holding {
+            id: 0,
+            seg: HeldSegment {
+                client_port: 1,
+                ..Default::default()
+            },
+            start,
+            end: start + 100,
+            since: Instant::now(),
+            until: None,
+        };
+        // [100, 200) and [500, 600) held.
+        let mut held = VecDeque::from([holding(100), holding(500)]);
+        // Above the first only: it opens the first's hole.
+        overtake(&mut held, 1, &[(200, 300)]);
+        // A duplicate is no arrival; another flow's is not its own.
+        overtake(&mut held, 1, &[]);
+        overtake(&mut held, 2, &[(700, 800)]);
+        // Above both: counted for both, opening the second's hole.
+        overtake(&mut held, 1, &[(600, 700)]);
+        // Below the second (the first's release, or a retransmission of
+        // bytes lost before the edge): an arrival inside its hole.
+        overtake(&mut held, 1, &[(100, 200)]);
+        let got: Vec<_> = held
+            .iter()
+            .map(|h| (h.seg.passed_segments, h.seg.passed_bytes, h.seg.superseded))
+            .collect();
+        assert_eq!(got, [(3, 200, true), (2, 100, false)]);
     }
 
     #[test]
