@@ -194,10 +194,11 @@ impl Rings {
             self.current.extend_from_slice(&record);
             return Some(&self.current);
         }
-        // Twice: what was read may be too recent, and more may be there.
+        // Up to two reads: what was read may be too recent, and more may
+        // be there.
         for _ in 0..2 {
-            if self.merge.ready(self.until) {
-                break;
+            if self.merge.pop_into(self.until, &mut self.current).is_some() {
+                return Some(&self.current);
             }
             self.read();
         }
@@ -326,11 +327,6 @@ impl Merge {
             .peek()
             .map(|Reverse((ts, order, _))| ((*ts, *order), None));
         queues.chain(nested).min_by_key(|&(key, _)| key)
-    }
-
-    /// Whether a record may leave at `until`.
-    fn ready(&self, until: u64) -> bool {
-        self.earliest().is_some_and(|((ts, _), _)| ts <= until)
     }
 
     /// The earliest record into `out`, if its time is at most `until`.
