@@ -228,6 +228,46 @@ impl Topology {
             ip(&["-n", ns, "route", "add", "default", "via", v4])?;
             ip(&["-n", ns, "-6", "route", "add", "default", "via", v6])?;
         }
+        // Every neighbour known before the first packet: a packet waiting
+        // for ARP or neighbour discovery waits with what follows it (over
+        // IPv6 each connection's first SYN waited a second, then reached
+        // the server with its retransmission, and the edge could swap
+        // them: a PAWS discard in the handshake, which the kernel counts
+        // as PAWSEstab and no tracepoint of an established socket sees).
+        for ((ns, dev), (peer_ns, peer_dev), v4, v6) in [
+            (
+                (&topo.client_ns, CLIENT_IF),
+                (&topo.edge_ns, EDGE_CLIENT_IF),
+                EDGE_CLIENT_V4,
+                EDGE_CLIENT_V6,
+            ),
+            (
+                (&topo.edge_ns, EDGE_CLIENT_IF),
+                (&topo.client_ns, CLIENT_IF),
+                CLIENT_V4,
+                CLIENT_V6,
+            ),
+            (
+                (&topo.edge_ns, EDGE_SERVER_IF),
+                (&topo.server_ns, SERVER_IF),
+                SERVER_V4,
+                SERVER_V6,
+            ),
+            (
+                (&topo.server_ns, SERVER_IF),
+                (&topo.edge_ns, EDGE_SERVER_IF),
+                EDGE_SERVER_V4,
+                EDGE_SERVER_V6,
+            ),
+        ] {
+            let mac = mac_address(peer_ns, peer_dev)?;
+            for addr in [v4, v6] {
+                ip(&[
+                    "-n", ns, "neigh", "replace", addr, "lladdr", &mac, "dev", dev, "nud",
+                    "permanent",
+                ])?;
+            }
+        }
         in_netns(&topo.edge_ns, || -> Result<()> {
             for knob in [
                 "/proc/sys/net/ipv4/ip_forward",
@@ -304,6 +344,17 @@ fn veth_pair(a: (&str, &str), b: (&str, &str), queues: u32) -> Result<()> {
         &q,
     ])?;
     Ok(())
+}
+
+/// The MAC address of `dev` in `ns`, as iproute2 prints it.
+fn mac_address(ns: &str, dev: &str) -> Result<String> {
+    let out = ip(&["-n", ns, "-br", "link", "show", "dev", dev])?;
+    // `NAME@PEER  STATE  MAC  <FLAGS>`
+    out.split_whitespace()
+        .nth(2)
+        .filter(|m| m.len() == 17 && m.matches(':').count() == 5)
+        .map(str::to_owned)
+        .with_context(|| format!("no MAC address in `ip -br link show {dev}`: {out}"))
 }
 
 /// `ethtool -K DEV tx on|off` for the calling thread's namespace.
