@@ -46,6 +46,10 @@ pub struct EngineConfig {
     /// there).
     #[serde(skip)]
     pub memory_budget: u64,
+    /// Flows unseen this long are retired (their counts stay in the
+    /// totals), so that what is tracked follows the live flows, not
+    /// history. None: only the memory budget and `max_flows` retire them.
+    pub idle_expiry_ns: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -58,6 +62,7 @@ impl Default for EngineConfig {
             verdict: VerdictRules::default(),
             replay: ReplayConfig::default(),
             memory_budget: DEFAULT_MEMORY_BUDGET,
+            idle_expiry_ns: None,
         }
     }
 }

@@ -120,6 +120,7 @@ struct Values {
     memory_budget_bytes: Gauge,
     ack_logs_shed: Counter,
     evicted_for_memory: Counter,
+    expired_idle: Counter,
     late_time: Buckets,
     extent: Buckets,
     rss_segments: Counter,
@@ -222,6 +223,7 @@ impl Metrics {
         v.memory_budget_bytes.set(s.memory.budget_bytes as i64);
         raise(&v.ack_logs_shed, s.memory.ack_logs_shed);
         raise(&v.evicted_for_memory, s.memory.evicted_for_memory);
+        raise(&v.expired_idle, s.memory.expired_idle);
         v.late_time.set(&r.late_time_us, 1e-6);
         v.extent.set(&r.extent, 1.0);
         if let Some(rss) = &t.rss {
@@ -343,6 +345,11 @@ fn register(r: &mut Registry, v: &Values) {
         "flows_evicted_for_memory",
         "Flows evicted to stay within the memory budget (counted in the totals; also in evicted_flows)",
         v.evicted_for_memory.clone(),
+    );
+    r.register(
+        "flows_expired_idle",
+        "Flows retired after --idle-expiry without a segment (counted in the totals; also in evicted_flows)",
+        v.expired_idle.clone(),
     );
     r.register_with_unit(
         "late_time",

@@ -56,6 +56,9 @@ pub struct Memory {
     /// Flows evicted to stay within the budget (their counts stay in the
     /// totals; they are also among the evicted flows).
     pub evicted_for_memory: u64,
+    /// Flows retired after the idle expiry (`--idle-expiry`; their counts
+    /// stay in the totals; they are also among the evicted flows).
+    pub expired_idle: u64,
 }
 
 impl Snapshot {

@@ -227,6 +227,10 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
         m("tracer_flows_evicted_for_memory_total"),
         u(&memory["evicted_for_memory"])
     );
+    assert_eq!(
+        m("tracer_flows_expired_idle_total"),
+        u(&memory["expired_idle"])
+    );
     for class in [
         "different_queue",
         "different_cpu",

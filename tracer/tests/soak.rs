@@ -195,11 +195,12 @@ fn in_a_small_budget_the_replay_logs_give_way_and_nothing_else_is_lost() {
         .all(|f| f["replay"]["assumptions"]["ack_level"] == false));
 }
 
-/// Short connections from the lab's client, each from its own port to one
-/// of two server ports (`n` distinct flows), sending `bytes` and waiting
-/// for the server to close first (no TIME_WAIT on the client's ports), on
-/// eight threads, until done or `deadline`. Returns how many completed.
-fn churn(lab: &Lab, n: u32, bytes: usize, deadline: Instant) -> u32 {
+/// Short connections from the lab's client, connection `k` of `ks` from
+/// port 10,000 + k % 50,000 to one of two server ports (distinct flows),
+/// sending `bytes` and waiting for the server to close first (no
+/// TIME_WAIT on the client's ports), on eight threads, until done or
+/// `deadline`. Returns how many completed.
+fn churn(lab: &Lab, ks: std::ops::Range<u32>, bytes: usize, deadline: Instant) -> u32 {
     let server: [SocketAddr; 2] = [
         "10.77.2.2:5301".parse().unwrap(),
         "10.77.2.2:5302".parse().unwrap(),
@@ -232,11 +233,11 @@ fn churn(lab: &Lab, n: u32, bytes: usize, deadline: Instant) -> u32 {
     let done = Arc::new(AtomicU32::new(0));
     let clients: Vec<_> = (0..8u32)
         .map(|t| {
-            let (ns, done) = (lab.topo.client_ns.clone(), done.clone());
+            let (ns, done, ks) = (lab.topo.client_ns.clone(), done.clone(), ks.clone());
             std::thread::spawn(move || {
                 let _ns = NetnsGuard::enter(&ns).unwrap();
                 let data = vec![0x5au8; bytes];
-                for k in (t..n).step_by(8) {
+                for k in ks.clone().skip(t as usize).step_by(8) {
                     if Instant::now() > deadline {
                         return;
                     }
@@ -282,7 +283,7 @@ fn a_hundred_thousand_short_connections_stay_within_the_budget_evictions_counted
     let lab = plain_lab(1, 1);
     let (child, _rx) = tracing(&lab, &[]);
     let t = Instant::now();
-    let completed = churn(&lab, CONNECTIONS, 1000, t + Duration::from_secs(240));
+    let completed = churn(&lab, 0..CONNECTIONS, 1000, t + Duration::from_secs(240));
     let took = t.elapsed();
     let (code, r) = report(child);
     drop(lab);
@@ -313,4 +314,51 @@ fn a_hundred_thousand_short_connections_stay_within_the_budget_evictions_counted
     assert_eq!(u(&r["totals"]["in_order"]), u64::from(CONNECTIONS));
     assert!(u(&r["peak_resident_bytes"]) <= BUDGET);
     assert!(u(&m["peak_held_bytes"]) <= u(&m["budget_bytes"]));
+}
+
+#[test]
+fn flows_unseen_past_the_idle_expiry_go_and_their_counts_stay() {
+    if !root_or_skip("flows_unseen_past_the_idle_expiry_go_and_their_counts_stay") {
+        return;
+    }
+    const CONNECTIONS: u32 = 2_000;
+    let lab = plain_lab(1, 1);
+    let (child, _rx) = tracing(&lab, &["--idle-expiry", "1"]);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    assert_eq!(churn(&lab, 0..CONNECTIONS, 1000, deadline), CONNECTIONS);
+    // Every flow so far is then unseen for longer than the expiry when the
+    // next connection's first segment arrives.
+    std::thread::sleep(Duration::from_millis(2_500));
+    let last = CONNECTIONS..CONNECTIONS + 1;
+    assert_eq!(churn(&lab, last, 1000, deadline), 1);
+    let (code, r) = report(child);
+    drop(lab);
+    nothing_dropped(code, &r);
+    let (tracked, evicted) = (u(&r["tracked_flows"]), u(&r["evicted_flows"]));
+    let expired = u(&r["memory"]["expired_idle"]);
+    eprintln!("{tracked} flows tracked, {evicted} evicted, {expired} of them expired idle");
+    // Nothing else evicted them; only the last connection's flow (and its
+    // reverse, if the server retransmitted on it) is still tracked.
+    assert_eq!(expired, evicted);
+    let port = format!(":{}", 10_000 + CONNECTIONS);
+    let flows = r["flows"].as_array().unwrap();
+    assert_eq!(flows.len() as u64, tracked);
+    assert!(
+        (1..=2).contains(&tracked)
+            && flows.iter().all(|f| {
+                [&f["src"], &f["dst"]]
+                    .iter()
+                    .any(|a| a.as_str().unwrap().ends_with(&port))
+            }),
+        "tracked: {flows:?}"
+    );
+    // Every connection's flow counted once, its data once, new.
+    let retransmitted = u(&r["totals"]["local_retransmit_events"]);
+    let all = u64::from(CONNECTIONS) + 1;
+    assert!(
+        (all..=all + retransmitted).contains(&(tracked + evicted)),
+        "{} flows for {all} connections and {retransmitted} retransmissions",
+        tracked + evicted
+    );
+    assert_eq!(u(&r["totals"]["in_order"]), all);
 }

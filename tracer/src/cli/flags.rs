@@ -127,6 +127,9 @@ pub struct TraceArgs {
     pub(crate) report: ReportArgs,
 }
 
+/// The longest `--idle-expiry`: 30 days.
+const MAX_IDLE_EXPIRY_S: u64 = 30 * 24 * 3600;
+
 /// What the engine keeps and the report says (live or from a file).
 #[derive(Args)]
 pub struct ReportArgs {
@@ -136,6 +139,12 @@ pub struct ReportArgs {
     /// Flow directions tracked at once (least recently seen evicted).
     #[arg(long, default_value_t = 65_536)]
     pub(crate) max_flows: usize,
+    /// Retire flows unseen for this many seconds (their counts stay in the
+    /// totals), so that what is tracked follows the live flows: for long
+    /// runs over many connections. Default: flows stay until the memory
+    /// budget or --max-flows needs their room.
+    #[arg(long, value_name = "SECS")]
+    pub(crate) idle_expiry: Option<u64>,
     /// The collector's memory budget, MiB. What it keeps of the flows
     /// stays within what the process's baseline (and the ring buffer)
     /// leaves: past it, first the ACK-level replay logs of the flows with
@@ -272,8 +281,18 @@ impl ReportArgs {
             classic_undo: self.classic_undo,
             timestamp_clock: self.timestamp_clock,
         };
+        if self
+            .idle_expiry
+            .is_some_and(|s| !(1..=MAX_IDLE_EXPIRY_S).contains(&s))
+        {
+            return Err(SetupError::BadArgument(format!(
+                "--idle-expiry {}: give 1 to {MAX_IDLE_EXPIRY_S} seconds",
+                self.idle_expiry.unwrap()
+            )));
+        }
         let mut engine = Engine::new(EngineConfig {
             max_flows: self.max_flows,
+            idle_expiry_ns: self.idle_expiry.map(|s| s * 1_000_000_000),
             dt: self.dt,
             bt: self.bt,
             replay,
@@ -513,6 +532,7 @@ impl TraceArgs {
             ring_bytes: ring_bytes(self.ring_mib)?,
             rings: self.rings,
             xdp: true,
+            floor: false,
             tcp_layer: !self.no_tcp_layer,
             summary_sample: summary(self)?,
             overload_sample: overload_sample(self),

@@ -86,6 +86,29 @@ impl Engine {
         }
     }
 
+    /// Retires the flows unseen for the idle expiry before `now`; looks
+    /// again a tenth of the expiry later (each look is O(table)).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn expire_idle(&mut self, now: u64) {
+        let Some(idle) = self.cfg.idle_expiry_ns else {
+            return;
+        };
+        self.next_expiry_ns = now + (idle / 10).max(1);
+        let cutoff = now.saturating_sub(idle);
+        let expired = self.flows.evict_oldest_while(|f| f.last_ns < cutoff);
+        let ctx = super::FlowContext {
+            replay: &self.cfg.replay,
+            link: &self.link,
+            rss: self.rss.as_ref(),
+        };
+        for (flow, f) in expired {
+            self.retired.retire(&flow, &f, &ctx);
+            self.memory.expired_idle += 1;
+        }
+        self.table_weighed = self.flows.held_bytes();
+    }
+
     /// Sets what the engine may hold (the front end gives it what the
     /// process's budget leaves after its own baseline).
     pub fn set_memory_budget(&mut self, bytes: u64) {

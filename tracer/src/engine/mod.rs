@@ -465,6 +465,8 @@ pub struct Engine {
     /// The NIC's RSS key and table, when known: each flow's segments are
     /// checked against the queue RSS picks.
     rss: Option<Rss>,
+    /// When idle flows are next looked for (`cfg.idle_expiry_ns`).
+    next_expiry_ns: u64,
 }
 
 /// The books on flows: what evicted ones contributed (so totals stay
@@ -552,6 +554,7 @@ impl Engine {
             },
             link: Link::default(),
             rss: None,
+            next_expiry_ns: 0,
             cfg,
         }
     }
@@ -589,6 +592,9 @@ impl Engine {
 
     /// Processes one observation; wire segments with data get their class.
     pub fn observe(&mut self, obs: &Observation) -> Option<Classified> {
+        if self.cfg.idle_expiry_ns.is_some() && obs.ts_ns() >= self.next_expiry_ns {
+            self.expire_idle(obs.ts_ns());
+        }
         match obs {
             Observation::Segment(s) => self.segment(s),
             Observation::TcpProbe(p) => {

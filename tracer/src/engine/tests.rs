@@ -346,6 +346,43 @@ fn flow_table_is_bounded_and_totals_survive_eviction() {
 }
 
 #[test]
+fn idle_flows_expire_and_their_counts_stay_in_the_totals() {
+    let mut e = Engine::new(EngineConfig {
+        idle_expiry_ns: Some(1_500_000_000),
+        ..Default::default()
+    });
+    // Segment n of `port`'s flow at `secs` seconds.
+    let at = |port, n, secs: u64| {
+        Observation::Segment(Segment {
+            ts_ns: secs * 1_000_000_000 + u64::from(n),
+            ..seg(flow(port), 100, n, 0, 0, 0)
+        })
+    };
+    // Flow 1 at 0 s only; flow 2 once a second to 3 s.
+    e.observe(&at(1, 0, 0));
+    e.observe(&at(1, 1, 0));
+    for n in 0..4 {
+        e.observe(&at(2, n, u64::from(n)));
+    }
+    let s = e.snapshot();
+    // Flow 1 went at 2 s (unseen for more than 1.5 s); flow 2, seen every
+    // second, stays.
+    assert_eq!(
+        (s.tracked_flows, s.evicted_flows, s.memory.expired_idle),
+        (1, 1, 1)
+    );
+    assert_eq!(s.flows[0].src, "10.0.0.1:2");
+    assert_eq!(s.totals.segments, 6);
+    assert_eq!(s.totals.reordering.data_segments, 6);
+    // Without the expiry nothing goes.
+    let mut e = Engine::new(EngineConfig::default());
+    for (port, n, secs) in [(1, 0, 0), (2, 0, 0), (2, 1, 100)] {
+        e.observe(&at(port, n, secs));
+    }
+    assert_eq!(e.snapshot().tracked_flows, 2);
+}
+
+#[test]
 fn evicted_flows_replays_stay_in_the_totals() {
     let run = |max_flows| {
         let mut e = Engine::new(EngineConfig {

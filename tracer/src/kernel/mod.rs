@@ -83,6 +83,10 @@ pub struct TracerOptions {
     /// Attach `tag_rx` (XDP) too; without it only the TCP tracepoints
     /// report, and the interface's receive path stays as it was.
     pub xdp: bool,
+    /// Attach `emit_floor` in `tag_rx`'s place: per frame only what full
+    /// mode cannot skip (a clock read, a ring record holding nothing
+    /// else). The lab bench's floor of full mode; no report reads it.
+    pub floor: bool,
     /// Attach the `tcp_probe` programs (the TCP-layer view: the order TCP
     /// processed segments in, PAWS, the replay's ACK path). They run for
     /// every TCP segment the host receives: in the lab bench, the larger
@@ -113,6 +117,7 @@ impl TracerOptions {
             ring_bytes: DEFAULT_RING_BYTES,
             rings: RingLayout::default(),
             xdp: true,
+            floor: false,
             tcp_layer: true,
             summary_sample: 0,
             overload_sample: DEFAULT_OVERLOAD_SAMPLE,
@@ -226,10 +231,11 @@ impl Tracer {
             first_copies.try_into().expect("two tracepoints");
 
         let mode = if opts.xdp {
-            let xdp: &mut Xdp = program(&mut ebpf, "tag_rx")?
+            let name = if opts.floor { "emit_floor" } else { "tag_rx" };
+            let xdp: &mut Xdp = program(&mut ebpf, name)?
                 .try_into()
-                .context("program tag_rx is not XDP")?;
-            xdp.load().map_err(|e| rejected("tag_rx", "XDP", e))?;
+                .with_context(|| format!("program {name} is not XDP"))?;
+            xdp.load().map_err(|e| rejected(name, "XDP", e))?;
             attach_xdp(xdp, ifindex, opts)?
         } else {
             AttachedMode::Off
@@ -554,8 +560,9 @@ fn fill_prefixes(ebpf: &mut Ebpf, filter: &Filter) -> Result<()> {
 }
 
 /// Program names of ours, as the kernel stores them (15 characters at most).
-pub const PROGRAM_NAMES: [&str; 7] = [
+pub const PROGRAM_NAMES: [&str; 8] = [
     "tag_rx",
+    "emit_floor",
     "tcp_probe0",
     "tcp_probe1",
     "tcp_probe2",

@@ -263,7 +263,16 @@ impl Topology {
             let mac = mac_address(peer_ns, peer_dev)?;
             for addr in [v4, v6] {
                 ip(&[
-                    "-n", ns, "neigh", "replace", addr, "lladdr", &mac, "dev", dev, "nud",
+                    "-n",
+                    ns,
+                    "neigh",
+                    "replace",
+                    addr,
+                    "lladdr",
+                    &mac,
+                    "dev",
+                    dev,
+                    "nud",
                     "permanent",
                 ])?;
             }

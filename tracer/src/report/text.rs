@@ -100,7 +100,14 @@ pub fn text(
         "  flows      {} tracked{}; verdicts: {}",
         s.tracked_flows,
         if s.evicted_flows > 0 {
-            format!(" ({} evicted, counted in the totals)", s.evicted_flows)
+            let idle = match (s.memory.expired_idle, s.config.idle_expiry_ns) {
+                (0, _) | (_, None) => String::new(),
+                (n, Some(ns)) => format!(", {n} of them idle over {} s", ns / 1_000_000_000),
+            };
+            format!(
+                " ({} evicted{idle}, counted in the totals)",
+                s.evicted_flows
+            )
         } else {
             String::new()
         },
