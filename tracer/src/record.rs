@@ -66,6 +66,38 @@ impl Outcome {
     pub fn missing(&self) -> u64 {
         self.counters.emitted().saturating_sub(self.received)
     }
+
+    /// This collection followed by `later`, the same run attached again:
+    /// how `later` stopped, its counters (which count on from these), the
+    /// records of both.
+    pub fn then(self, later: Outcome) -> Outcome {
+        Outcome {
+            stop: later.stop,
+            elapsed: self.elapsed + later.elapsed,
+            counters: later.counters,
+            received: self.received + later.received,
+            decode_errors: self.decode_errors + later.decode_errors,
+            peak_resident_bytes: self.peak_resident_bytes.max(later.peak_resident_bytes),
+        }
+    }
+}
+
+/// Waits until `ready()` (asked every `every`) or SIGINT/SIGTERM: the
+/// signal's name if one came first.
+pub fn wait_until(
+    mut ready: impl FnMut() -> bool,
+    every: Duration,
+) -> Result<Option<&'static str>> {
+    let signals = StopSignals::install()?;
+    loop {
+        if let Some(name) = signals.received() {
+            return Ok(Some(name));
+        }
+        if ready() {
+            return Ok(None);
+        }
+        std::thread::sleep(every);
+    }
 }
 
 /// Drains `tracer` until the duration, a SIGINT/SIGTERM or `until()`, then

@@ -1,10 +1,11 @@
 //! Faults a production host can throw at the tracer (root; in CI): a
 //! collector that stalls (the ring overflows), signals and SIGKILL in the
-//! middle of a run, a second tracer on the same interface.
+//! middle of a run, a second tracer on the same interface, the interface
+//! going away (and, with `--reattach`, coming back).
 
 use std::{
     io::{BufReader, Read, Write},
-    net::TcpStream,
+    net::{SocketAddr, TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Output},
     sync::mpsc,
@@ -13,7 +14,7 @@ use std::{
 
 use serde_json::Value;
 use tracer::{
-    kernel,
+    kernel::{self, netns::NetnsGuard},
     lab::{self, Lab, LabSpec},
     source::capture::{CaptureReader, Item},
 };
@@ -532,6 +533,75 @@ fn the_interface_or_its_namespace_going_away_ends_the_run_with_its_report() {
         assert_eq!(analyzed_segments(&file), segments, "{how}");
         eprintln!("{how} deleted: noticed in {noticed:?}, {segments} segments reported and kept");
     }
+}
+
+/// `bytes` from the lab's client to a listener on the server's `port`,
+/// the client closing after; what the server read.
+fn send(lab: &Lab, port: u16, bytes: usize) -> usize {
+    let to: SocketAddr = format!("{}:{port}", lab::SERVER_V4).parse().unwrap();
+    let listener = {
+        let _ns = NetnsGuard::enter(&lab.topo.server_ns).unwrap();
+        TcpListener::bind(to).unwrap()
+    };
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let (mut buf, mut read) = (vec![0u8; 1 << 16], 0);
+        loop {
+            match s.read(&mut buf).unwrap() {
+                0 => return read,
+                n => read += n,
+            }
+        }
+    });
+    {
+        let mut c = {
+            let _ns = NetnsGuard::enter(&lab.topo.client_ns).unwrap();
+            TcpStream::connect_timeout(&to, Duration::from_secs(5)).unwrap()
+        };
+        c.write_all(&vec![0x5a; bytes]).unwrap();
+    }
+    server.join().unwrap()
+}
+
+/// With `--reattach`, the traced interface deleted and made again: the
+/// run says it waits, attaches again (said, and counted in the report)
+/// and traces what comes after: each connection's bytes, the one before
+/// and the one after, in the report.
+#[test]
+fn with_reattach_the_interface_coming_back_is_traced_again() {
+    if !root_or_skip("with_reattach_the_interface_coming_back_is_traced_again") {
+        return;
+    }
+    const BYTES: usize = 4 << 20;
+    let lab = a_lab(lab::Mode::Off, 1, 1 << 20);
+    let (child, rx) = record(&lab, &["--json", "--quiet", "--reattach"]);
+    said(&rx, "tracing TCP received on");
+    assert_eq!(send(&lab, 5401, BYTES), BYTES);
+    lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
+    let waiting = said(&rx, "waiting for it to come back");
+    lab.topo.relink_server().unwrap();
+    let back = said(&rx, "attached again");
+    eprintln!("{waiting}\n{back}");
+    assert_eq!(send(&lab, 5402, BYTES), BYTES);
+    // A second for the collector to take the last records in.
+    std::thread::sleep(Duration::from_secs(1));
+    signal(&child, libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    drop(lab);
+    assert_eq!(out.status.code(), Some(0));
+    let r: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(u(&r["reattached"]), 1);
+    for port in [5401, 5402] {
+        let to = format!("{}:{port}", lab::SERVER_V4);
+        let flow = r["flows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["dst"] == to.as_str())
+            .unwrap_or_else(|| panic!("no flow to {to}: {}", r["flows"]));
+        assert_eq!(u(&flow["seq_advance_bytes"]), BYTES as u64, "to {to}");
+    }
+    assert_eq!(u(&r["totals"]["dropped_events"]), 0);
 }
 
 /// A tmpfs of `bytes`, unmounted (and its directory removed) on drop.

@@ -329,6 +329,11 @@ pub struct RecordArgs {
     /// Stop after SECS seconds (default: until Ctrl-C).
     #[arg(long, value_name = "SECS")]
     pub(crate) duration: Option<f64>,
+    /// When the interface goes away (deleted, or its namespace), wait for
+    /// one of its name to come back and attach to it again (logged, and
+    /// counted in the report), instead of ending there.
+    #[arg(long)]
+    pub(crate) reattach: bool,
     #[command(flatten)]
     pub(crate) trace: TraceArgs,
 }

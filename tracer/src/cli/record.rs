@@ -20,6 +20,9 @@ pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
     crate::require_root()?;
     let out = Outputs::open(&args.trace)?;
     let mut run = Run::start(opts, out, engine, &args.trace)?;
+    if args.reattach {
+        run.reattach_when_back();
+    }
     let tracer = run.tracer();
     eprintln!(
         "tracing TCP received on {} (XDP {}); Ctrl-C to stop",
@@ -29,6 +32,9 @@ pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
     run.watch(live, Vec::new())?;
     let outcome = run.collect(|| false, duration, args.trace.quiet);
     let ended = run.end(outcome)?;
-    ended.report(&ended.snapshot(), &args.trace.report, None);
+    let reattached = args
+        .reattach
+        .then(|| ("reattached", serde_json::json!(ended.reattached)));
+    ended.report(&ended.snapshot(), &args.trace.report, reattached);
     ended.finish(args.trace.report.json)
 }

@@ -3,7 +3,11 @@
 //! live screen, the collection loop, detach, the report and the closing
 //! lines with the exit code.
 
-use std::{io::IsTerminal, process::ExitCode, time::Duration};
+use std::{
+    io::IsTerminal,
+    process::ExitCode,
+    time::{Duration, Instant},
+};
 
 use anyhow::{anyhow, Result};
 
@@ -36,6 +40,10 @@ pub(super) struct Run {
     /// What the NIC says, read when the run began, every second while
     /// live and when it stopped.
     nic: NicWatch,
+    /// When the interface goes away: wait for it and attach again.
+    reattach: bool,
+    /// How often that happened.
+    reattached: u32,
 }
 
 /// A run that has ended: what it collected, ready to report.
@@ -47,6 +55,8 @@ pub(super) struct Ended {
     nic: Option<NicEvidence>,
     /// The report's first line.
     pub header: String,
+    /// Times the run attached again after its interface came back.
+    pub reattached: u32,
 }
 
 impl Run {
@@ -85,7 +95,15 @@ impl Run {
             opts,
             linux: None,
             nic,
+            reattach: false,
+            reattached: 0,
         })
+    }
+
+    /// When the interface goes away (deleted, or its namespace), wait for
+    /// one of its name and attach to it again, instead of ending.
+    pub fn reattach_when_back(&mut self) {
+        self.reattach = true;
     }
 
     /// After the caller's banner: what the kernel lacks, a line each, and
@@ -105,8 +123,77 @@ impl Run {
     }
 
     /// Collects until `until`, `duration` or a signal (progress lines
-    /// unless `quiet` or the screen shows it); detached after.
+    /// unless `quiet` or the screen shows it), attaching again each time
+    /// the interface comes back if asked to; detached after.
     pub fn collect(
+        &mut self,
+        mut until: impl FnMut() -> bool,
+        duration: Option<Duration>,
+        quiet: bool,
+    ) -> Result<Outcome> {
+        let start = Instant::now();
+        let mut before: Option<Outcome> = None;
+        loop {
+            let left = duration.map(|d| d.saturating_sub(start.elapsed()));
+            let now = self.collect_attached(&mut until, left, quiet)?;
+            let mut outcome = match before.take() {
+                Some(b) => b.then(now),
+                None => now,
+            };
+            outcome.elapsed = start.elapsed();
+            if outcome.stop != StopReason::InterfaceGone || !self.reattach {
+                return Ok(outcome);
+            }
+            let old = self.tracer.take().expect("attached until stop");
+            let on = traced_on(&old.iface, old.netns.as_deref());
+            self.linux = Some(old.kernel.report());
+            // Its programs are gone; its maps and ring go too.
+            drop(old);
+            eprintln!(
+                "tracer: {on} went away after {:.1} s: waiting for it to come back (--reattach)",
+                outcome.elapsed.as_secs_f64()
+            );
+            let (iface, netns) = (self.opts.iface.clone(), self.opts.netns.clone());
+            let mut tracer = loop {
+                let back = || Tracer::interface_exists(&iface, netns.as_deref());
+                let mut signal = record::wait_until(back, Duration::from_millis(200))?;
+                if signal.is_none() {
+                    match Tracer::attach(&self.opts) {
+                        Ok(tracer) => break tracer,
+                        // Gone again, or not ready: the report so far
+                        // stays, and so does the wait (a second).
+                        Err(e) => {
+                            eprintln!(
+                                "tracer: {on} is there, but attaching to it failed: {e:#}; waiting"
+                            );
+                            let t = Instant::now();
+                            let second = || t.elapsed() >= Duration::from_secs(1);
+                            signal = record::wait_until(second, Duration::from_millis(200))?;
+                        }
+                    }
+                }
+                if let Some(signal) = signal {
+                    outcome.stop = StopReason::Signal(signal);
+                    outcome.elapsed = start.elapsed();
+                    return Ok(outcome);
+                }
+            };
+            tracer.count_on_from(outcome.counters);
+            self.reattached += 1;
+            eprintln!(
+                "tracer: {on} is back: attached again after {:.1} s (XDP {}; {} time(s) in this run)",
+                start.elapsed().as_secs_f64(),
+                tracer.mode,
+                self.reattached
+            );
+            self.tracer = Some(tracer);
+            self.nic = NicWatch::start(&self.opts.iface, self.opts.netns.as_deref());
+            before = Some(outcome);
+        }
+    }
+
+    /// One collection, while attached.
+    fn collect_attached(
         &mut self,
         until: impl FnMut() -> bool,
         duration: Option<Duration>,
@@ -150,6 +237,7 @@ impl Run {
             out: self.out,
             linux: self.linux,
             nic: self.nic.evidence().cloned(),
+            reattached: self.reattached,
         })
     }
 }
@@ -208,6 +296,12 @@ impl Ended {
                 println!("{line}");
             }
         };
+        if self.reattached > 0 {
+            say(format!(
+                "  attached   again {} time(s), each time the interface came back",
+                self.reattached
+            ));
+        }
         if outcome.decode_errors > 0 || outcome.missing() > 0 {
             say(format!(
                 "  WARNING    {} records did not decode, {} emitted records were not read",

@@ -19,6 +19,17 @@ impl Counters {
         self.map[index as usize]
     }
 
+    /// These and `other`, counter by counter.
+    pub fn plus(&self, other: &Counters) -> Counters {
+        let mut sum = *self;
+        for (a, b) in sum.map.iter_mut().zip(other.map) {
+            *a += b;
+        }
+        sum.probe_first_copy_misses += other.probe_first_copy_misses;
+        sum.rtx_first_copy_misses += other.rtx_first_copy_misses;
+        sum
+    }
+
     /// Events the kernel could not write because the ring buffer was full.
     pub fn ring_full(&self) -> u64 {
         self.get(counter::XDP_DROPPED)

@@ -147,6 +147,9 @@ pub struct Tracer {
     retransmit_fd: OwnedFd,
     /// The programs and their links; `None` once detached.
     ebpf: Option<Ebpf>,
+    /// What earlier attachments of the same run counted (attached again
+    /// after the interface came back): added to this one's counters.
+    counted_before: Counters,
 }
 
 impl Tracer {
@@ -255,7 +258,23 @@ impl Tracer {
             tcp_probe_fd,
             retransmit_fd,
             ebpf: Some(ebpf),
+            counted_before: Counters::default(),
         })
+    }
+
+    /// Continues the counts of an earlier attachment of the same run:
+    /// [`counters`](Self::counters) adds `earlier` from here on.
+    pub fn count_on_from(&mut self, earlier: Counters) {
+        self.counted_before = earlier;
+    }
+
+    /// Whether `iface` exists (inside `netns`, if given): a run waiting
+    /// to attach again looks before it loads anything.
+    pub fn interface_exists(iface: &str, netns: Option<&str>) -> bool {
+        let Ok(_guard) = NetnsGuard::enter_opt(netns) else {
+            return false;
+        };
+        if_index(iface).is_some()
     }
 
     /// Whether the traced interface is still there: the same name with
@@ -305,7 +324,7 @@ impl Tracer {
         for runs in [counter::PROBE_FIRST_COPY_RUNS, counter::RTX_FIRST_COPY_RUNS] {
             c.map[runs as usize] = first[runs as usize];
         }
-        Ok(c)
+        Ok(c.plus(&self.counted_before))
     }
 
     /// Every CPU's block of counters, summed.

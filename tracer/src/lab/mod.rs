@@ -181,17 +181,7 @@ impl Topology {
             ip(&["netns", "add", ns])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
-        veth_pair(
-            (&topo.client_ns, CLIENT_IF),
-            (&topo.edge_ns, EDGE_CLIENT_IF),
-            1,
-        )?;
-        veth_pair(
-            (&topo.edge_ns, EDGE_SERVER_IF),
-            (&topo.server_ns, SERVER_IF),
-            opts.queues,
-        )?;
-        for (ns, dev, v4, v6) in [
+        topo.link(
             (&topo.client_ns, CLIENT_IF, CLIENT_V4, CLIENT_V6),
             (
                 &topo.edge_ns,
@@ -199,67 +189,61 @@ impl Topology {
                 EDGE_CLIENT_V4,
                 EDGE_CLIENT_V6,
             ),
-            (
-                &topo.edge_ns,
-                EDGE_SERVER_IF,
-                EDGE_SERVER_V4,
-                EDGE_SERVER_V6,
-            ),
-            (&topo.server_ns, SERVER_IF, SERVER_V4, SERVER_V6),
-        ] {
+            1,
+        )?;
+        topo.link_server()?;
+        ip(&[
+            "-n",
+            &topo.client_ns,
+            "route",
+            "add",
+            "default",
+            "via",
+            EDGE_CLIENT_V4,
+        ])?;
+        ip(&[
+            "-n",
+            &topo.client_ns,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            EDGE_CLIENT_V6,
+        ])?;
+        in_netns(&topo.edge_ns, || -> Result<()> {
+            for knob in [
+                "/proc/sys/net/ipv4/ip_forward",
+                "/proc/sys/net/ipv6/conf/all/forwarding",
+            ] {
+                std::fs::write(knob, "1").with_context(|| format!("writing {knob}"))?;
+            }
+            Ok(())
+        })??;
+        // The edge may rebuild the client's packets from XDP frames (CPU
+        // redirect), which keeps no checksum-offload state: the client
+        // computes full checksums.
+        in_netns(&topo.client_ns, || tx_checksum_offload(CLIENT_IF, false))??;
+        Ok(topo)
+    }
+
+    /// A veth pair between `a` and `b` (namespace, device, IPv4 and IPv6
+    /// address), up, with `queues` queues each way; every neighbour known
+    /// before the first packet: a packet waiting for ARP or neighbour
+    /// discovery waits with what follows it (over IPv6 each connection's
+    /// first SYN waited a second, then reached the server with its
+    /// retransmission, and the edge could swap them: a PAWS discard in the
+    /// handshake, which the kernel counts as PAWSEstab and no tracepoint
+    /// of an established socket sees).
+    fn link(&self, a: LinkEnd, b: LinkEnd, queues: u32) -> Result<()> {
+        veth_pair((a.0, a.1), (b.0, b.1), queues)?;
+        for (ns, dev, v4, v6) in [a, b] {
             ip(&["-n", ns, "addr", "add", &format!("{v4}/24"), "dev", dev])?;
-            ip(&[
-                "-n",
-                ns,
-                "-6",
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                dev,
-                "nodad",
-            ])?;
+            let v6 = format!("{v6}/64");
+            ip(&["-n", ns, "-6", "addr", "add", &v6, "dev", dev, "nodad"])?;
             ip(&["-n", ns, "link", "set", dev, "up"])?;
         }
-        for (ns, v4, v6) in [
-            (&topo.client_ns, EDGE_CLIENT_V4, EDGE_CLIENT_V6),
-            (&topo.server_ns, EDGE_SERVER_V4, EDGE_SERVER_V6),
-        ] {
-            ip(&["-n", ns, "route", "add", "default", "via", v4])?;
-            ip(&["-n", ns, "-6", "route", "add", "default", "via", v6])?;
-        }
-        // Every neighbour known before the first packet: a packet waiting
-        // for ARP or neighbour discovery waits with what follows it (over
-        // IPv6 each connection's first SYN waited a second, then reached
-        // the server with its retransmission, and the edge could swap
-        // them: a PAWS discard in the handshake, which the kernel counts
-        // as PAWSEstab and no tracepoint of an established socket sees).
-        for ((ns, dev), (peer_ns, peer_dev), v4, v6) in [
-            (
-                (&topo.client_ns, CLIENT_IF),
-                (&topo.edge_ns, EDGE_CLIENT_IF),
-                EDGE_CLIENT_V4,
-                EDGE_CLIENT_V6,
-            ),
-            (
-                (&topo.edge_ns, EDGE_CLIENT_IF),
-                (&topo.client_ns, CLIENT_IF),
-                CLIENT_V4,
-                CLIENT_V6,
-            ),
-            (
-                (&topo.edge_ns, EDGE_SERVER_IF),
-                (&topo.server_ns, SERVER_IF),
-                SERVER_V4,
-                SERVER_V6,
-            ),
-            (
-                (&topo.server_ns, SERVER_IF),
-                (&topo.edge_ns, EDGE_SERVER_IF),
-                EDGE_SERVER_V4,
-                EDGE_SERVER_V6,
-            ),
-        ] {
+        for ((ns, dev, ..), (peer_ns, peer_dev, v4, v6)) in [(a, b), (b, a)] {
             let mac = mac_address(peer_ns, peer_dev)?;
             for addr in [v4, v6] {
                 ip(&[
@@ -277,20 +261,42 @@ impl Topology {
                 ])?;
             }
         }
-        in_netns(&topo.edge_ns, || -> Result<()> {
-            for knob in [
-                "/proc/sys/net/ipv4/ip_forward",
-                "/proc/sys/net/ipv6/conf/all/forwarding",
-            ] {
-                std::fs::write(knob, "1").with_context(|| format!("writing {knob}"))?;
-            }
-            Ok(())
-        })??;
-        // The edge may rebuild the client's packets from XDP frames (CPU
-        // redirect), which keeps no checksum-offload state: the client
-        // computes full checksums.
-        in_netns(&topo.client_ns, || tx_checksum_offload(CLIENT_IF, false))??;
-        Ok(topo)
+        Ok(())
+    }
+
+    /// The edge -> server link, with the server's routes through it.
+    fn link_server(&self) -> Result<()> {
+        self.link(
+            (
+                &self.edge_ns,
+                EDGE_SERVER_IF,
+                EDGE_SERVER_V4,
+                EDGE_SERVER_V6,
+            ),
+            (&self.server_ns, SERVER_IF, SERVER_V4, SERVER_V6),
+            self.queues,
+        )?;
+        let ns = &self.server_ns;
+        ip(&["-n", ns, "route", "add", "default", "via", EDGE_SERVER_V4])?;
+        ip(&[
+            "-n",
+            ns,
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            EDGE_SERVER_V6,
+        ])?;
+        Ok(())
+    }
+
+    /// Makes the edge -> server link again after it was deleted (the
+    /// server's interface going away and coming back, as a NIC's driver
+    /// reload does). The lab's edge programs on it are not put back: the
+    /// edge then forwards plainly.
+    pub fn relink_server(&self) -> Result<()> {
+        self.link_server()
     }
 
     pub fn server_addr(&self, ipv6: bool) -> IpAddr {
@@ -354,6 +360,9 @@ fn veth_pair(a: (&str, &str), b: (&str, &str), queues: u32) -> Result<()> {
     ])?;
     Ok(())
 }
+
+/// One end of a link: namespace, device, IPv4 and IPv6 address.
+type LinkEnd<'a> = (&'a str, &'a str, &'a str, &'a str);
 
 /// The MAC address of `dev` in `ns`, as iproute2 prints it.
 fn mac_address(ns: &str, dev: &str) -> Result<String> {
