@@ -97,15 +97,7 @@ impl Engine {
         self.next_expiry_ns = now + (idle / 10).max(1);
         let cutoff = now.saturating_sub(idle);
         let expired = self.flows.evict_oldest_while(|f| f.last_ns < cutoff);
-        let ctx = super::FlowContext {
-            replay: &self.cfg.replay,
-            link: &self.link,
-            rss: self.rss.as_ref(),
-        };
-        for (flow, f) in expired {
-            self.retired.retire(&flow, &f, &ctx);
-            self.memory.expired_idle += 1;
-        }
+        self.memory.expired_idle += self.retire_all(expired);
         self.table_weighed = self.flows.held_bytes();
     }
 
@@ -182,16 +174,22 @@ impl Engine {
                 over = over.saturating_sub(FLOW_SLOT_BYTES + f.held);
                 go
             });
-            let ctx = super::FlowContext {
-                replay: &self.cfg.replay,
-                link: &self.link,
-                rss: self.rss.as_ref(),
-            };
-            for (flow, f) in evicted {
-                self.retired.retire(&flow, &f, &ctx);
-                self.memory.evicted_for_memory += 1;
-            }
+            self.memory.evicted_for_memory += self.retire_all(evicted);
         }
+    }
+
+    /// Retires flows the table gave up (their counts and replays into the
+    /// totals); how many.
+    fn retire_all(&mut self, gone: Vec<(Flow, FlowState)>) -> u64 {
+        let ctx = super::FlowContext {
+            replay: &self.cfg.replay,
+            link: &self.link,
+            rss: self.rss.as_ref(),
+        };
+        for (flow, f) in &gone {
+            self.retired.retire(flow, f, &ctx);
+        }
+        gone.len() as u64
     }
 }
 
