@@ -94,6 +94,7 @@ pub fn record_until_over(
         || upload.finished(),
         RecordOptions {
             nic: None,
+            intervals: None,
             duration: Some(spec.timeout + Duration::from_secs(5)),
             progress: false,
             live: None,

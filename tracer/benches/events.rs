@@ -184,6 +184,7 @@ fn step(topo: &Topology, rate: u64, senders: usize, ring_mib: u32) -> Step {
             live: None,
             metrics: None,
             nic: None,
+            intervals: None,
         },
     )
     .expect("collecting");

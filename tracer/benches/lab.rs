@@ -157,6 +157,7 @@ fn upload(attached: Attached) -> Run {
                 live: None,
                 metrics: None,
                 nic: None,
+                intervals: None,
             },
         )
         .expect("collect");

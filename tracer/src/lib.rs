@@ -4,14 +4,15 @@
 //!
 //! Data flows one way: [`kernel`] (load, attach, counters) -> [`source`]
 //! (typed observations) -> [`record`] (the collection loop) -> sinks
-//! ([`report`], [`pcapng`], [`jsonl`], [`tui`]). [`lab`] builds
-//! self-contained test networks.
+//! ([`report`], [`pcapng`], [`jsonl`], [`tui`], [`metrics`],
+//! [`intervals`]). [`lab`] builds self-contained test networks.
 
 pub mod cli;
 pub mod config;
 pub mod engine;
 pub mod error;
 pub mod filter;
+pub mod intervals;
 pub mod jsonl;
 pub mod kernel;
 pub mod lab;

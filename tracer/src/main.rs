@@ -19,6 +19,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Record(args) => cli::record(args, false),
         Command::Live(args) => cli::record(args, true),
+        Command::Watch(args) => cli::watch(args),
         Command::Lab(args) => cli::lab(args),
         Command::LabSend(args) => cli::lab_send(args),
         Command::GuestCheck => tracer::lab::guest::boots()

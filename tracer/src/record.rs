@@ -7,7 +7,7 @@
 //! runtime whose fd stays ready never got back to its timers and signals).
 
 use std::{
-    sync::atomic::{AtomicI32, Ordering},
+    sync::atomic::{AtomicBool, AtomicI32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -15,6 +15,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     engine::Engine,
+    intervals::Intervals,
     kernel::{Counters, Tracer},
     metrics::Metrics,
     nic::{NicEvidence, NicWatch},
@@ -46,6 +47,9 @@ pub struct RecordOptions<'a> {
     pub metrics: Option<&'a Metrics>,
     /// The NIC, read every second for the live view and the metrics.
     pub nic: Option<&'a mut NicWatch>,
+    /// Interval reports, each written when due (the caller writes the
+    /// last); reopened on SIGHUP once [`catch_hangups`] ran.
+    pub intervals: Option<&'a mut Intervals>,
 }
 
 pub struct Outcome {
@@ -167,6 +171,20 @@ pub fn run(
                 let s = engine.live_snapshot(0, None).with_nic(nic_now(&opts.nic));
                 m.update(&s, &counters, resident().0);
             }
+            if let Some(iv) = opts.intervals.as_deref_mut() {
+                if HANGUP.swap(false, Ordering::SeqCst) {
+                    match iv.reopen() {
+                        Ok(()) => eprintln!("tracer: SIGHUP: {} reopened", iv.dir().display()),
+                        Err(e) => eprintln!(
+                            "tracer: SIGHUP: reopening {} failed: {e:#}; tracing goes on",
+                            iv.dir().display()
+                        ),
+                    }
+                }
+                if iv.due(now) {
+                    write_interval(iv, engine, &counters, nic_now(&opts.nic), false);
+                }
+            }
             if opts.progress {
                 let live = engine.live();
                 eprintln!(
@@ -227,6 +245,49 @@ pub fn run(
         decode_errors,
         peak_resident_bytes: resident().1,
     })
+}
+
+/// Ends `iv`'s interval now with the engine's whole snapshot and writes
+/// it (`last`: the run's last), saying so on stderr; a file that could not
+/// be written is said, and tracing goes on.
+pub fn write_interval(
+    iv: &mut Intervals,
+    engine: &Engine,
+    counters: &Counters,
+    nic: Option<NicEvidence>,
+    last: bool,
+) {
+    let s = engine.snapshot().with_kernel(counters).with_nic(nic);
+    match iv.write(&s, Instant::now(), last) {
+        Ok(w) => eprintln!("tracer: {}; {}", w.line, w.path.display()),
+        Err(e) if last => eprintln!("tracer: {e:#}: the last interval's report is lost"),
+        Err(e) => eprintln!(
+            "tracer: {e:#} ({} failed so far): the next report covers this interval too; tracing goes on",
+            iv.failed
+        ),
+    }
+}
+
+/// SIGHUP seen since the collection loop last looked.
+static HANGUP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn note_hangup(_: libc::c_int) {
+    HANGUP.store(true, Ordering::SeqCst);
+}
+
+/// From now on, for the life of the process, SIGHUP asks the collection
+/// loop to reopen its interval reports instead of ending the process.
+pub fn catch_hangups() -> Result<()> {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = note_hangup as *const () as usize;
+        libc::sigemptyset(&mut action.sa_mask);
+        if libc::sigaction(libc::SIGHUP, &action, std::ptr::null_mut()) != 0 {
+            return Err(std::io::Error::last_os_error()).context("installing the SIGHUP handler");
+        }
+    }
+    Ok(())
 }
 
 /// The NIC's latest reading, for a snapshot.

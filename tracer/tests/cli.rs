@@ -159,6 +159,28 @@ fn bad_input_gets_one_line_and_exit_2() {
             ],
             "cannot write output file '/nonexistent/p.svg'",
         ),
+        (
+            &["watch", "--iface", "lo", "--interval", "0"],
+            "--interval 0: give 1 to 86400 seconds",
+        ),
+        (
+            &["watch", "--iface", "lo", "--keep", "0"],
+            "--keep 0: give 1 to 1000000 files",
+        ),
+        (
+            &["watch", "--iface", "lo", "--out", "/tmp/t.pcapng"],
+            "watch keeps no single trace file",
+        ),
+        (
+            &[
+                "watch",
+                "--iface",
+                "lo",
+                "--reports",
+                "/proc/tracer-reports",
+            ],
+            "cannot write output file '/proc/tracer-reports'",
+        ),
     ];
     for (args, needle) in cases {
         let out = run(args);

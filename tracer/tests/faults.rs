@@ -5,7 +5,7 @@
 
 use std::{
     io::{BufReader, Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::TcpStream,
     path::{Path, PathBuf},
     process::{Child, Command, Output},
     sync::mpsc,
@@ -14,14 +14,14 @@ use std::{
 
 use serde_json::Value;
 use tracer::{
-    kernel::{self, netns::NetnsGuard},
+    kernel,
     lab::{self, Lab, LabSpec},
     source::capture::{CaptureReader, Item},
 };
 use tracer_common::counter;
 
 mod common;
-use common::{root_or_skip, said, signal, spawn_tracer, tracer_on_server, u, BIN};
+use common::{root_or_skip, said, send, signal, spawn_tracer, tracer_on_server, u, BIN};
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tracer-faults-{}-{name}", std::process::id()))
@@ -533,34 +533,6 @@ fn the_interface_or_its_namespace_going_away_ends_the_run_with_its_report() {
         assert_eq!(analyzed_segments(&file), segments, "{how}");
         eprintln!("{how} deleted: noticed in {noticed:?}, {segments} segments reported and kept");
     }
-}
-
-/// `bytes` from the lab's client to a listener on the server's `port`,
-/// the client closing after; what the server read.
-fn send(lab: &Lab, port: u16, bytes: usize) -> usize {
-    let to: SocketAddr = format!("{}:{port}", lab::SERVER_V4).parse().unwrap();
-    let listener = {
-        let _ns = NetnsGuard::enter(&lab.topo.server_ns).unwrap();
-        TcpListener::bind(to).unwrap()
-    };
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let (mut buf, mut read) = (vec![0u8; 1 << 16], 0);
-        loop {
-            match s.read(&mut buf).unwrap() {
-                0 => return read,
-                n => read += n,
-            }
-        }
-    });
-    {
-        let mut c = {
-            let _ns = NetnsGuard::enter(&lab.topo.client_ns).unwrap();
-            TcpStream::connect_timeout(&to, Duration::from_secs(5)).unwrap()
-        };
-        c.write_all(&vec![0x5a; bytes]).unwrap();
-    }
-    server.join().unwrap()
 }
 
 /// With `--reattach`, the traced interface deleted and made again: the

@@ -31,6 +31,12 @@ pub struct Cli {
 pub enum Command {
     /// Trace TCP segments received on an interface.
     Record(RecordArgs),
+    /// Trace an interface as a service, without end: summary mode, metrics
+    /// on loopback, a JSON report of every interval to a directory (the
+    /// latest kept), flows expired when idle, the interface followed when
+    /// it goes and comes back. SIGHUP reopens the outputs; SIGTERM writes
+    /// the last interval and detaches.
+    Watch(WatchArgs),
     /// The same, watched live: a full-screen view of reordering, late
     /// times, queues and CPUs, flow by flow (a progress line per second
     /// when stdout is not a terminal); the full report on exit.
@@ -336,6 +342,85 @@ pub struct RecordArgs {
     pub(crate) reattach: bool,
     #[command(flatten)]
     pub(crate) trace: TraceArgs,
+}
+
+/// `watch`'s default metrics address (loopback only).
+pub const WATCH_METRICS_ADDR: &str = "127.0.0.1:9479";
+/// `watch`'s default idle expiry, seconds.
+pub const WATCH_IDLE_EXPIRY_S: u64 = 300;
+/// `watch`'s default summary sampling (one in N of the uneventful segments).
+pub const WATCH_SUMMARY: u32 = 64;
+
+#[derive(Args)]
+pub struct WatchArgs {
+    /// Interface to trace (received segments).
+    #[arg(long)]
+    pub(crate) iface: String,
+    /// Network namespace (under /run/netns) the interface lives in.
+    #[arg(long)]
+    pub(crate) netns: Option<String>,
+    /// Flows to trace, e.g. "port 443" (as `record --filter`).
+    #[arg(long, value_name = "EXPR")]
+    pub(crate) filter: Option<String>,
+    /// Seconds each interval report covers.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub(crate) interval: u64,
+    /// Where the interval reports go (made if missing, mode 0750).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/tracer/intervals")]
+    pub(crate) reports: PathBuf,
+    /// Interval reports kept in --reports (the oldest removed first): a
+    /// day of 60-second intervals by default.
+    #[arg(long, value_name = "N", default_value_t = 1440)]
+    pub(crate) keep: usize,
+    /// Full mode (every segment to the collector) instead of summary mode.
+    #[arg(long, conflicts_with = "summary")]
+    pub(crate) full: bool,
+    /// End when the interface goes away, instead of waiting for it to
+    /// come back and attaching again.
+    #[arg(long)]
+    pub(crate) no_reattach: bool,
+    #[command(flatten)]
+    pub(crate) trace: TraceArgs,
+}
+
+impl WatchArgs {
+    /// The flags with `watch`'s defaults filled in where not given:
+    /// summary mode, metrics on loopback, the idle expiry; and those it
+    /// has no use for refused.
+    pub(crate) fn with_defaults(mut self) -> Result<Self, SetupError> {
+        if !(1..=86_400).contains(&self.interval) {
+            return Err(SetupError::BadArgument(format!(
+                "--interval {}: give 1 to 86400 seconds",
+                self.interval
+            )));
+        }
+        if !(1..=1_000_000).contains(&self.keep) {
+            return Err(SetupError::BadArgument(format!(
+                "--keep {}: give 1 to 1000000 files",
+                self.keep
+            )));
+        }
+        if self.trace.out.is_some() || self.trace.snaplen.is_some() {
+            return Err(SetupError::BadArgument(
+                "--out/--snaplen: watch keeps no single trace file (it would grow without end); trace a while with `tracer record --out` instead".into(),
+            ));
+        }
+        if self.trace.report.json {
+            return Err(SetupError::BadArgument(
+                "--json: watch writes its reports as JSON to --reports, one per interval".into(),
+            ));
+        }
+        let t = &mut self.trace;
+        if t.summary.is_none() && !self.full && !t.never_summarize {
+            t.summary = Some(WATCH_SUMMARY);
+        }
+        t.metrics_addr
+            .get_or_insert_with(|| WATCH_METRICS_ADDR.into());
+        t.report.idle_expiry.get_or_insert(WATCH_IDLE_EXPIRY_S);
+        // An interval line instead of a line every second.
+        t.quiet = true;
+        Ok(self)
+    }
 }
 
 #[derive(Args)]

@@ -7,8 +7,10 @@ pub mod flags;
 mod lab;
 mod record;
 mod run;
+mod watch;
 
 pub use analyze::analyze;
 pub use flags::{Cli, Command};
 pub use lab::{lab, lab_send};
 pub use record::record;
+pub use watch::watch;

@@ -14,6 +14,7 @@ use anyhow::{anyhow, Result};
 use super::flags::{metrics_addr, ReportArgs, TraceArgs};
 use crate::{
     engine::Engine,
+    intervals::Intervals,
     jsonl::JsonLines,
     kernel::{KernelReport, Tracer, TracerOptions},
     metrics::Metrics,
@@ -142,6 +143,7 @@ impl Run {
             };
             outcome.elapsed = start.elapsed();
             if outcome.stop != StopReason::InterfaceGone || !self.reattach {
+                self.last_interval(&outcome);
                 return Ok(outcome);
             }
             let old = self.tracer.take().expect("attached until stop");
@@ -175,6 +177,7 @@ impl Run {
                 if let Some(signal) = signal {
                     outcome.stop = StopReason::Signal(signal);
                     outcome.elapsed = start.elapsed();
+                    self.last_interval(&outcome);
                     return Ok(outcome);
                 }
             };
@@ -189,6 +192,14 @@ impl Run {
             self.tracer = Some(tracer);
             self.nic = NicWatch::start(&self.opts.iface, self.opts.netns.as_deref());
             before = Some(outcome);
+        }
+    }
+
+    /// The interval under way, written as the run's last.
+    fn last_interval(&mut self, outcome: &Outcome) {
+        if let Some(iv) = self.out.intervals.as_mut() {
+            let nic = self.nic.evidence().cloned();
+            record::write_interval(iv, &self.engine, &outcome.counters, nic, true);
         }
     }
 
@@ -213,6 +224,7 @@ impl Run {
                 live,
                 metrics: self.out.metrics.as_ref(),
                 nic: Some(&mut self.nic),
+                intervals: self.out.intervals.as_mut(),
             },
         )
     }
@@ -456,6 +468,8 @@ impl Output {
 pub(super) struct Outputs {
     file: Output,
     metrics: Option<Metrics>,
+    /// `watch`'s interval reports.
+    intervals: Option<Intervals>,
 }
 
 impl Outputs {
@@ -469,7 +483,18 @@ impl Outputs {
                 Some(m)
             }
         };
-        Ok(Self { file, metrics })
+        Ok(Self {
+            file,
+            metrics,
+            intervals: None,
+        })
+    }
+
+    pub fn with_intervals(self, intervals: Intervals) -> Self {
+        Self {
+            intervals: Some(intervals),
+            ..self
+        }
     }
 }
 

@@ -2,14 +2,18 @@
 #![allow(dead_code)] // (not every test target needs all of it)
 
 use std::{
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
     process::{Child, Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
-use tracer::lab::{self, Lab};
+use tracer::{
+    kernel::netns::NetnsGuard,
+    lab::{self, Lab},
+};
 
 mod host;
 #[allow(unused_imports)] // (not every test target uses both)
@@ -76,4 +80,32 @@ pub fn said(rx: &mpsc::Receiver<String>, what: &str) -> String {
 pub fn signal(child: &Child, sig: i32) {
     // SAFETY: plain kill(2) on our child.
     unsafe { libc::kill(child.id() as i32, sig) };
+}
+
+/// `bytes` from the lab's client to a listener on the server's `port`,
+/// the client closing after; what the server read.
+pub fn send(lab: &Lab, port: u16, bytes: usize) -> usize {
+    let to: SocketAddr = format!("{}:{port}", lab::SERVER_V4).parse().unwrap();
+    let listener = {
+        let _ns = NetnsGuard::enter(&lab.topo.server_ns).unwrap();
+        TcpListener::bind(to).unwrap()
+    };
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let (mut buf, mut read) = (vec![0u8; 1 << 16], 0);
+        loop {
+            match s.read(&mut buf).unwrap() {
+                0 => return read,
+                n => read += n,
+            }
+        }
+    });
+    {
+        let mut c = {
+            let _ns = NetnsGuard::enter(&lab.topo.client_ns).unwrap();
+            TcpStream::connect_timeout(&to, Duration::from_secs(5)).unwrap()
+        };
+        c.write_all(&vec![0x5a; bytes]).unwrap();
+    }
+    server.join().unwrap()
 }

@@ -1,0 +1,508 @@
+//! `watch`'s interval reports: at the end of every interval, what grew in
+//! it (the totals, the kernel's counters) and the flows that were active in
+//! it, the most reordered first, with their verdicts and evidence: one JSON
+//! file per interval in a directory that keeps the latest `keep` (the oldest
+//! removed first). A file appears whole (written aside, then renamed).
+//!
+//! Differences are taken between snapshots of the engine, so a flow that
+//! the engine retired and saw again starts from zero; an interval's length
+//! comes from the monotonic clock, its start and end from the wall clock
+//! (which may step).
+
+use std::{
+    collections::{BTreeMap, HashMap, VecDeque},
+    fs,
+    io::Write,
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use jiff::Timestamp;
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::{
+    nic::fix::Fix,
+    snapshot::{FlowReport, Memory, Reordering, Snapshot, Spread, TcpLayer, Verdict},
+    source::Flow,
+    SetupError,
+};
+
+/// The flows one file lists at most: the most reordered in the interval,
+/// then those that moved the most bytes.
+pub const LISTED_FLOWS: usize = 100;
+
+/// What an interval counts, of the totals and of each flow.
+const COUNTS: [&str; 14] = [
+    "segments",
+    "data_segments",
+    "payload_bytes",
+    "reordered",
+    "retransmissions",
+    "duplicates",
+    "queue_migrations",
+    "cpu_migrations",
+    "reordered_after_migration",
+    "reordered_same_queue_same_cpu",
+    "reordered_on_another_queue",
+    "reordered_on_another_cpu",
+    "tcp_ofo_segments",
+    "tcp_paws_discarded",
+];
+
+type Counts = [u64; COUNTS.len()];
+
+fn counts(segments: u64, r: &Reordering, t: &TcpLayer) -> Counts {
+    let a = &r.attribution;
+    [
+        segments,
+        r.data_segments,
+        r.payload_bytes,
+        r.reordered,
+        r.retransmissions,
+        r.duplicates,
+        r.queue_migrations,
+        r.cpu_migrations,
+        r.reordered_after_migration,
+        a.same_queue_same_cpu,
+        a.different_queue + a.different_queue_and_cpu,
+        a.different_cpu + a.different_queue_and_cpu,
+        t.ofo_segments,
+        t.paws_discarded,
+    ]
+}
+
+/// `now - before`, each count (a count that went down, a flow retired and
+/// seen again, counts from zero).
+fn grown(now: &Counts, before: &Counts) -> Counts {
+    std::array::from_fn(|i| {
+        if now[i] >= before[i] {
+            now[i] - before[i]
+        } else {
+            now[i]
+        }
+    })
+}
+
+fn named(c: &Counts) -> Map<String, Value> {
+    COUNTS
+        .iter()
+        .zip(c)
+        .map(|(name, v)| (name.to_string(), json!(v)))
+        .collect()
+}
+
+/// A flow's counts and how far its sequence numbers had advanced.
+#[derive(Clone, Copy, Default)]
+struct FlowCounts {
+    counts: Counts,
+    seq_advance_bytes: u64,
+}
+
+impl FlowCounts {
+    fn of(f: &FlowReport) -> Self {
+        Self {
+            counts: counts(f.segments, &f.reordering, &f.tcp_layer),
+            seq_advance_bytes: f.seq_advance_bytes,
+        }
+    }
+}
+
+/// What the previous interval ended on.
+#[derive(Default)]
+struct Previous {
+    totals: Counts,
+    kernel: BTreeMap<&'static str, u64>,
+    dropped_events: u64,
+    evicted_flows: u64,
+    expired_idle: u64,
+    flows: HashMap<Flow, FlowCounts>,
+}
+
+/// One interval's file, in the order a reader wants it.
+#[derive(Serialize)]
+struct IntervalReport<'a> {
+    interval: Span,
+    /// The host, interface and mode.
+    watching: Value,
+    /// What the totals grew by.
+    totals: Map<String, Value>,
+    dropped_events: u64,
+    /// What the kernel's counters grew by.
+    kernel: Map<String, Value>,
+    /// Flows with segments or bytes in the interval.
+    active_flows: usize,
+    /// The active flows per verdict (over each flow's life so far).
+    verdicts: BTreeMap<Verdict, u64>,
+    tracked_flows: u64,
+    evicted_flows: u64,
+    expired_idle: u64,
+    memory: Memory,
+    /// The active flows, the most reordered in the interval first, at most
+    /// [`LISTED_FLOWS`].
+    flows: Vec<ListedFlow<'a>>,
+    /// What to change on the NIC, when the interval saw steering.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fix: Option<Fix>,
+}
+
+/// A flow active in the interval: what grew in it, and what the flow's
+/// life so far says (verdict, evidence, ratio, queues and CPUs).
+#[derive(Serialize)]
+struct ListedFlow<'a> {
+    src: &'a str,
+    dst: &'a str,
+    verdict: Verdict,
+    evidence: &'a str,
+    in_interval: Map<String, Value>,
+    reordered_ratio: f64,
+    rx_queues: &'a [Spread],
+    cpus: &'a [Spread],
+    rtt_us: Option<u64>,
+    duration_s: f64,
+}
+
+#[derive(Serialize)]
+struct Span {
+    number: u64,
+    start: String,
+    end: String,
+    /// By the monotonic clock.
+    seconds: f64,
+    /// The run ended with it.
+    last: bool,
+}
+
+/// The directory and what this run wrote to it.
+pub struct Intervals {
+    dir: PathBuf,
+    keep: usize,
+    every: Duration,
+    /// What names the source in every file (host, interface, mode).
+    watching: Value,
+    /// The directory's interval files, oldest first: those found at the
+    /// start (by name), then this run's in the order written.
+    files: VecDeque<PathBuf>,
+    number: u64,
+    began: Instant,
+    began_at: Timestamp,
+    previous: Previous,
+    /// Files that could not be written (said each time).
+    pub failed: u64,
+}
+
+/// One interval written: a line for the log.
+pub struct Written {
+    pub path: PathBuf,
+    pub line: String,
+}
+
+impl Intervals {
+    /// Makes `dir` (mode 0750) if missing and checks that files can be
+    /// made in it; interval files already there beyond `keep` go. The
+    /// first interval begins now.
+    pub fn open(dir: &Path, keep: usize, every: Duration, watching: Value) -> Result<Self> {
+        let mut me = Self {
+            dir: dir.to_path_buf(),
+            keep,
+            every,
+            watching,
+            files: VecDeque::new(),
+            number: 0,
+            began: Instant::now(),
+            began_at: Timestamp::now(),
+            previous: Previous::default(),
+            failed: 0,
+        };
+        me.reopen().map_err(|e| SetupError::BadOutput {
+            path: dir.display().to_string(),
+            reason: format!("{e:#}"),
+        })?;
+        Ok(me)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Makes the directory again if it went, and takes its interval files
+    /// as they are now (some may have been moved away): on SIGHUP.
+    pub fn reopen(&mut self) -> Result<()> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&self.dir)
+            .context("making the directory")?;
+        let probe = self.dir.join(".tracer-probe");
+        fs::write(&probe, b"").context("making a file in it")?;
+        let _ = fs::remove_file(&probe);
+        let mut found: Vec<PathBuf> = fs::read_dir(&self.dir)
+            .context("reading it")?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| is_interval_file(p))
+            .collect();
+        found.sort();
+        let ours: Vec<PathBuf> = self.files.drain(..).filter(|p| p.exists()).collect();
+        found.retain(|p| !ours.contains(p));
+        self.files = found.into_iter().chain(ours).collect();
+        self.prune();
+        Ok(())
+    }
+
+    /// Whether the interval under way has lasted its length.
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.began + self.every
+    }
+
+    /// Ends the interval under way at `now` with `s` (the engine's whole
+    /// snapshot, with the kernel's counters) and writes it; `last` when
+    /// the run ends with it. The next interval begins.
+    /// A file that cannot be written loses nothing: the interval goes on,
+    /// and the next file covers it too.
+    pub fn write(&mut self, s: &Snapshot, now: Instant, last: bool) -> Result<Written> {
+        let ended_at = Timestamp::now();
+        let (report, next) = self.report(s, now, ended_at, last);
+        let line = self.line(&report);
+        let name = format!(
+            "{PREFIX}{}-{:06}.json",
+            ended_at.strftime("%Y%m%dT%H%M%SZ"),
+            self.number + 1
+        );
+        let path = self.dir.join(name);
+        if let Err(e) = write_whole(&path, &report) {
+            self.failed += 1;
+            return Err(e).with_context(|| format!("writing {}", path.display()));
+        }
+        self.number += 1;
+        self.began = now;
+        self.began_at = ended_at;
+        self.previous = next;
+        self.files.push_back(path.clone());
+        self.prune();
+        Ok(Written { path, line })
+    }
+
+    /// The report of the interval ending at `now` with `s`, and what the
+    /// next one starts from.
+    fn report(
+        &self,
+        s: &Snapshot,
+        now: Instant,
+        ended_at: Timestamp,
+        last: bool,
+    ) -> (Value, Previous) {
+        let prev = &self.previous;
+        let totals = counts(s.totals.segments, &s.totals.reordering, &s.totals.tcp_layer);
+        let kernel = s.kernel.clone().unwrap_or_default();
+        let kernel_grown: Map<String, Value> = kernel
+            .iter()
+            .map(|(k, v)| {
+                let before = prev.kernel.get(k).copied().unwrap_or(0);
+                (k.to_string(), json!(v.saturating_sub(before)))
+            })
+            .collect();
+        let mut flows = HashMap::with_capacity(s.flows.len());
+        let mut active = Vec::new();
+        let mut verdicts: BTreeMap<Verdict, u64> = BTreeMap::new();
+        for f in &s.flows {
+            let c = FlowCounts::of(f);
+            flows.insert(f.key, c);
+            let before = prev.flows.get(&f.key).copied().unwrap_or_default();
+            let d = FlowCounts {
+                counts: grown(&c.counts, &before.counts),
+                seq_advance_bytes: if c.seq_advance_bytes >= before.seq_advance_bytes {
+                    c.seq_advance_bytes - before.seq_advance_bytes
+                } else {
+                    c.seq_advance_bytes
+                },
+            };
+            if d.counts[0] > 0 || d.seq_advance_bytes > 0 {
+                *verdicts.entry(f.verdict).or_default() += 1;
+                active.push((f, d));
+            }
+        }
+        let active_flows = active.len();
+        // Most reordered in the interval, then most bytes.
+        active.sort_by(|a, b| {
+            (b.1.counts[3], b.1.seq_advance_bytes).cmp(&(a.1.counts[3], a.1.seq_advance_bytes))
+        });
+        active.truncate(LISTED_FLOWS);
+        let listed = active
+            .iter()
+            .map(|(f, d)| {
+                let mut in_interval = named(&d.counts);
+                in_interval.insert("seq_advance_bytes".into(), json!(d.seq_advance_bytes));
+                ListedFlow {
+                    src: &f.src,
+                    dst: &f.dst,
+                    verdict: f.verdict,
+                    evidence: &f.evidence,
+                    in_interval,
+                    reordered_ratio: f.reordering.reordered_ratio,
+                    rx_queues: &f.rx_queues,
+                    cpus: &f.cpus,
+                    rtt_us: f.rtt_us,
+                    duration_s: f.duration_s,
+                }
+            })
+            .collect();
+        // The NIC's fix, when this interval saw steering.
+        let steered = verdicts.contains_key(&Verdict::NicSteering);
+        let report = IntervalReport {
+            interval: Span {
+                number: self.number + 1,
+                start: self.began_at.to_string(),
+                end: ended_at.to_string(),
+                seconds: (now - self.began).as_secs_f64(),
+                last,
+            },
+            watching: self.watching.clone(),
+            totals: named(&grown(&totals, &prev.totals)),
+            dropped_events: s.totals.dropped_events.saturating_sub(prev.dropped_events),
+            kernel: kernel_grown,
+            active_flows,
+            verdicts,
+            tracked_flows: s.tracked_flows,
+            evicted_flows: s.evicted_flows.saturating_sub(prev.evicted_flows),
+            expired_idle: s.memory.expired_idle.saturating_sub(prev.expired_idle),
+            memory: s.memory,
+            flows: listed,
+            fix: s.fix.clone().filter(|_| steered),
+        };
+        let report = serde_json::to_value(report).expect("an interval report serialises");
+        let next = Previous {
+            totals,
+            dropped_events: s.totals.dropped_events,
+            kernel,
+            evicted_flows: s.evicted_flows,
+            expired_idle: s.memory.expired_idle,
+            flows,
+        };
+        (report, next)
+    }
+
+    /// "interval 3 (60.0 s): 81234 data segments, 120 reordered; 2 active
+    /// flows, 1 nic-steering".
+    fn line(&self, r: &Value) -> String {
+        let t = &r["totals"];
+        let mut verdicts: Vec<String> = Verdict::ALL
+            .iter()
+            .filter(|v| **v != Verdict::None)
+            .filter_map(|v| {
+                let n = r["verdicts"][v.as_str()].as_u64()?;
+                Some(format!("{n} {}", v.as_str()))
+            })
+            .collect();
+        if verdicts.is_empty() {
+            verdicts.push("none reordered".into());
+        }
+        format!(
+            "interval {} ({:.1} s): {} data segments, {} reordered, {} dropped events; {} active flow(s): {}",
+            r["interval"]["number"],
+            r["interval"]["seconds"].as_f64().unwrap_or(0.0),
+            t["data_segments"],
+            t["reordered"],
+            r["dropped_events"],
+            r["active_flows"],
+            verdicts.join(", "),
+        )
+    }
+
+    /// The oldest files go while there are more than `keep`.
+    fn prune(&mut self) {
+        while self.files.len() > self.keep {
+            let old = self.files.pop_front().expect("more than keep");
+            if let Err(e) = fs::remove_file(&old) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    log::warn!(
+                        "could not remove the old interval report {}: {e}",
+                        old.display()
+                    );
+                }
+            }
+        }
+    }
+}
+
+const PREFIX: &str = "interval-";
+
+fn is_interval_file(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(".json"))
+}
+
+/// Writes `v` to a hidden file beside `path` (mode 0640), then renames it.
+fn write_whole(path: &Path, v: &Value) -> Result<()> {
+    let aside = path.with_file_name(format!(
+        ".{}.tmp",
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("interval")
+    ));
+    let result = (|| {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o640)
+            .open(&aside)?;
+        serde_json::to_writer_pretty(&mut f, v)?;
+        f.write_all(b"\n")?;
+        fs::rename(&aside, path)?;
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&aside);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Interval files found at the start beyond `keep` go, the oldest by
+    /// name first; other files stay; a directory removed is made again on
+    /// reopening, its files taken as they are.
+    #[test]
+    fn the_directory_keeps_the_latest_interval_files_alone() {
+        let dir = std::env::temp_dir().join(format!("tracer-intervals-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let names = [
+            "interval-20261201T000000Z-000001.json",
+            "interval-20261203T000000Z-000001.json",
+            "interval-20261202T000000Z-000009.json",
+            "notes.json",
+        ];
+        for n in names {
+            fs::write(dir.join(n), "{}").unwrap();
+        }
+        let mut iv = Intervals::open(&dir, 2, Duration::from_secs(60), Value::Null).unwrap();
+        let mut left: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, [names[2], names[1], names[3]]);
+        fs::remove_dir_all(&dir).unwrap();
+        iv.reopen().unwrap();
+        assert!(dir.is_dir() && iv.files.is_empty());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A count that went down (the flow retired and seen again) counts
+    /// from zero; the rest grow by the difference.
+    #[test]
+    fn counts_grow_by_their_difference_or_from_zero() {
+        let mut before = [0; COUNTS.len()];
+        let mut now = [0; COUNTS.len()];
+        (before[0], now[0]) = (10, 25);
+        (before[3], now[3]) = (7, 2);
+        let g = grown(&now, &before);
+        assert_eq!((g[0], g[3]), (15, 2));
+    }
+}

@@ -1,0 +1,169 @@
+//! `tracer watch` as a service lives (root; in CI): a report every
+//! interval, the latest kept, the interface going and coming back without
+//! a flag, SIGHUP reopening its directory, SIGTERM writing the last
+//! interval and detaching; every connection's bytes in the intervals.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Child,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tracer::{
+    kernel,
+    lab::{self, Lab, LabSpec},
+};
+
+mod common;
+use common::{root_or_skip, said, send, signal, tracer_on_server, u};
+
+/// Reads each interval report the moment its line names it (before the
+/// rotation can take it): the reports in order, and the other lines.
+fn reports(
+    lines: mpsc::Receiver<String>,
+) -> (
+    std::thread::JoinHandle<Vec<(PathBuf, Value)>>,
+    mpsc::Receiver<String>,
+) {
+    let (tx, rx) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut read = Vec::new();
+        for line in lines {
+            if let Some(path) = line
+                .strip_prefix("tracer: interval ")
+                .and_then(|l| l.rsplit_once("; "))
+                .map(|(_, p)| PathBuf::from(p))
+            {
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                read.push((path, serde_json::from_str(&text).unwrap()));
+            }
+            let _ = tx.send(line);
+        }
+        read
+    });
+    (reader, rx)
+}
+
+/// The child, killed if the test fails before it ends (a watch waiting
+/// for its interface would wait forever).
+struct Watching(Child);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The tracer's programs still loaded 5 s after its end (the kernel lets
+/// go of them asynchronously).
+fn programs_left() -> Vec<(u32, String)> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = kernel::loaded_tracer_programs();
+        if left.is_empty() || Instant::now() > deadline {
+            return left;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+}
+
+/// With `watch`'s defaults and one-second intervals kept three at a time:
+/// one connection; the server's link deleted and made again (followed
+/// without a flag); the reports' directory replaced by a file (a report
+/// fails) while a second connection sends, then removed, and SIGHUP;
+/// SIGTERM. Every report is read as it is written: numbered one by one,
+/// none lost an event, and each connection's bytes summed over them are
+/// the bytes the server read; the directory holds the last three, the last
+/// marked so; exit 0 and nothing left attached.
+#[test]
+fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
+    if !root_or_skip("watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm") {
+        return;
+    }
+    const BYTES: usize = 4 << 20;
+    let dir = std::env::temp_dir().join(format!("tracer-watch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut spec = LabSpec::new(lab::Mode::Off, 4);
+    spec.timeout = Duration::from_secs(60);
+    let lab = Lab::create(&spec).expect("lab");
+    let (child, lines) = tracer_on_server(
+        &lab,
+        "watch",
+        &[
+            "--interval",
+            "1",
+            "--keep",
+            "3",
+            "--reports",
+            dir.to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ],
+    );
+    let mut child = Watching(child);
+    let (reader, rx) = reports(lines);
+    said(&rx, "watching TCP received on");
+    assert_eq!(send(&lab, 5501, BYTES), BYTES);
+    said(&rx, "tracer: interval ");
+    lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
+    said(&rx, "waiting for it to come back");
+    lab.topo.relink_server().unwrap();
+    said(&rx, "attached again");
+    // The directory taken away (a file in its place): a report that
+    // cannot be written is said, and the next one covers its interval.
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, b"").unwrap();
+    assert_eq!(send(&lab, 5502, BYTES), BYTES);
+    said(&rx, "the next report covers this interval too");
+    std::fs::remove_file(&dir).unwrap();
+    signal(&child.0, libc::SIGHUP);
+    said(&rx, "reopened");
+    // Three more, all made after the directory was: the last three.
+    for _ in 0..3 {
+        said(&rx, "tracer: interval ");
+    }
+    signal(&child.0, libc::SIGTERM);
+    let status = child.0.wait().unwrap();
+    let read = reader.join().unwrap();
+    drop(lab);
+    let files = files_in(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status.code(), Some(0));
+    assert!(read.len() >= 3, "{} intervals", read.len());
+    let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, (path, r)) in read.iter().enumerate() {
+        let at = path.display();
+        assert_eq!(u(&r["interval"]["number"]), i as u64 + 1, "{at}");
+        assert_eq!(r["interval"]["last"], i + 1 == read.len(), "{at}");
+        assert_eq!(u(&r["dropped_events"]), 0, "{at}");
+        for f in r["flows"].as_array().unwrap() {
+            let to = f["dst"].as_str().unwrap().to_string();
+            *bytes.entry(to).or_default() += u(&f["in_interval"]["seq_advance_bytes"]);
+        }
+    }
+    for port in [5501, 5502] {
+        let to = format!("{}:{port}", lab::SERVER_V4);
+        assert_eq!(bytes.get(&to).copied(), Some(BYTES as u64), "to {to}");
+    }
+    let last_three: Vec<PathBuf> = read[read.len() - 3..].iter().map(|r| r.0.clone()).collect();
+    assert_eq!(
+        files, last_three,
+        "the directory keeps the latest three alone"
+    );
+    let left = programs_left();
+    assert!(left.is_empty(), "programs left: {left:?}");
+}
