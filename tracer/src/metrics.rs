@@ -141,13 +141,15 @@ pub struct Metrics {
     values: Arc<Values>,
     pub addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    server: Option<JoinHandle<()>>,
+    /// Bound, not yet served ([`Metrics::serve`]).
+    pending: Mutex<Option<(TcpListener, Registry)>>,
+    server: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Metrics {
     /// Binds `addr` (before anything is attached: a taken port fails
-    /// first) and starts serving.
-    pub fn serve(addr: SocketAddr) -> Result<Self> {
+    /// first); connections wait until [`Metrics::serve`].
+    pub fn bind(addr: SocketAddr) -> Result<Self> {
         let listener = TcpListener::bind(addr).map_err(|e| {
             SetupError::BadArgument(format!("cannot listen on {addr} for metrics: {e}"))
         })?;
@@ -156,20 +158,29 @@ impl Metrics {
         let values = Arc::new(Values::default());
         let mut registry = Registry::with_prefix("tracer");
         register(&mut registry, &values);
-        let stop = Arc::new(AtomicBool::new(false));
-        let server = {
-            let stop = Arc::clone(&stop);
-            std::thread::Builder::new()
-                .name("metrics".into())
-                .spawn(move || serve(listener, registry, &stop))
-                .context("starting the metrics thread")?
-        };
         Ok(Self {
             values,
             addr,
-            stop,
-            server: Some(server),
+            stop: Arc::new(AtomicBool::new(false)),
+            pending: Mutex::new(Some((listener, registry))),
+            server: Mutex::new(None),
         })
+    }
+
+    /// Starts the serving thread (once; later calls do nothing): when the
+    /// collection starts, after privileges were dropped, which is done
+    /// with the process's one thread.
+    pub fn serve(&self) -> Result<()> {
+        let Some((listener, registry)) = self.pending.lock().expect("not poisoned").take() else {
+            return Ok(());
+        };
+        let stop = Arc::clone(&self.stop);
+        let server = std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || serve(listener, registry, &stop))
+            .context("starting the metrics thread")?;
+        *self.server.lock().expect("not poisoned") = Some(server);
+        Ok(())
     }
 
     /// New values: the engine's totals, the kernel's counters and the
@@ -251,7 +262,7 @@ impl Metrics {
 impl Drop for Metrics {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        if let Some(t) = self.server.take() {
+        if let Some(t) = self.server.get_mut().expect("not poisoned").take() {
             let _ = t.join();
         }
     }

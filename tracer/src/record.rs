@@ -115,6 +115,9 @@ pub fn run(
 ) -> Result<Outcome> {
     let signals = StopSignals::install()?;
     let _urgent = Urgent::raise();
+    if let Some(m) = opts.metrics {
+        m.serve()?;
+    }
     let start = Instant::now();
     let deadline = opts.duration.map(|d| start + d);
     let mut last_tick = start;
@@ -333,6 +336,12 @@ impl Urgent {
             }
         }
     }
+}
+
+/// Raises the calling thread's priority for the rest of its life, while
+/// it may (before privileges are dropped): later collections find it raised.
+pub fn stay_urgent() {
+    std::mem::forget(Urgent::raise());
 }
 
 impl Drop for Urgent {

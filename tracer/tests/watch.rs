@@ -81,7 +81,8 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// With `watch`'s defaults and one-second intervals kept three at a time:
+/// With `watch`'s defaults, as user nobody, and one-second intervals kept
+/// three at a time:
 /// one connection; the server's link deleted and made again (followed
 /// without a flag); the reports' directory replaced by a file (a report
 /// fails) while a second connection sends, then removed, and SIGHUP;
@@ -112,6 +113,8 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
             dir.to_str().unwrap(),
             "--metrics-addr",
             "127.0.0.1:0",
+            "--user",
+            "nobody",
         ],
     );
     let mut child = Watching(child);
@@ -166,4 +169,186 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
     );
     let left = programs_left();
     assert!(left.is_empty(), "programs left: {left:?}");
+}
+
+/// Each of the process's threads: (CapEff, CapPrm, the Uid and Gid lines)
+/// from /proc/PID/task/*/status.
+fn privileges(pid: u32) -> Vec<(u64, u64, String, String)> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {status}"))
+                .trim()
+                .to_string()
+        };
+        let hex = |name: &str| u64::from_str_radix(&field(name), 16).unwrap();
+        threads.push((hex("CapEff:"), hex("CapPrm:"), field("Uid:"), field("Gid:")));
+    }
+    threads
+}
+
+/// `bytes` to a listener on 127.0.0.1:`port`, the client closing after;
+/// what the listener read.
+fn send_on_loopback(port: u16, bytes: usize) -> usize {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let (mut buf, mut read) = (vec![0u8; 1 << 16], 0);
+        loop {
+            match s.read(&mut buf).unwrap() {
+                0 => return read,
+                n => read += n,
+            }
+        }
+    });
+    std::net::TcpStream::connect(("127.0.0.1", port))
+        .unwrap()
+        .write_all(&vec![0x5a; bytes])
+        .unwrap();
+    server.join().unwrap()
+}
+
+/// The user nobody's uid and gid, from /etc/passwd.
+fn nobody() -> (u32, u32) {
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let line = passwd.lines().find(|l| l.starts_with("nobody:")).unwrap();
+    let f: Vec<&str> = line.split(':').collect();
+    (f[2].parse().unwrap(), f[3].parse().unwrap())
+}
+
+/// Once attached, `watch` keeps exactly the capabilities attaching again
+/// needs (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN: the host's namespace needs
+/// no CAP_SYS_ADMIN), and none with `--no-reattach`, here as user nobody
+/// too: every thread's CapEff and CapPrm, Uid and Gid, read from /proc.
+/// Either way it traces on: a connection's bytes in its reports, and its
+/// first line says what it kept.
+#[test]
+fn watch_keeps_only_the_capabilities_attaching_again_needs() {
+    if !root_or_skip("watch_keeps_only_the_capabilities_attaching_again_needs") {
+        return;
+    }
+    const BYTES: usize = 1 << 20;
+    let attach_again: u64 = (1 << 39) | (1 << 38) | (1 << 12);
+    let (uid, gid) = nobody();
+    for (extra, caps, ids, port, kept) in [
+        (
+            &[][..],
+            attach_again,
+            (0, 0),
+            5601,
+            "as root, keeping CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN (to attach again when lo comes back)",
+        ),
+        (
+            &["--no-reattach", "--user", "nobody"][..],
+            0,
+            (uid, gid),
+            5602,
+            "as user nobody, keeping no capability (it will not attach again (--no-reattach))",
+        ),
+    ] {
+        let dir = std::env::temp_dir().join(format!("tracer-watch-caps-{}-{port}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let filter = format!("port {port}");
+        let mut args = vec![
+            "watch",
+            "--iface",
+            "lo",
+            "--filter",
+            &filter,
+            "--interval",
+            "1",
+            "--reports",
+            dir.to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ];
+        args.extend(extra);
+        let (child, lines) = common::spawn_tracer(&args);
+        let mut child = Watching(child);
+        let (reader, rx) = reports(lines);
+        let first = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert!(first.contains(kept), "{extra:?}: the first line: {first}");
+        assert_eq!(send_on_loopback(port, BYTES), BYTES);
+        said(&rx, "tracer: interval ");
+        let threads = privileges(child.0.id());
+        assert!(threads.len() >= 2, "{extra:?}: the metrics thread too: {threads:?}");
+        let all = |id: u32| format!("{id}\t{id}\t{id}\t{id}");
+        for t in &threads {
+            assert_eq!((t.0, t.1), (caps, caps), "{extra:?}: {threads:?}");
+            assert_eq!((&t.2, &t.3), (&all(ids.0), &all(ids.1)), "{extra:?}: Uid, Gid");
+        }
+        signal(&child.0, libc::SIGTERM);
+        let status = child.0.wait().unwrap();
+        let read = reader.join().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(status.code(), Some(0), "{extra:?}");
+        let to = format!("127.0.0.1:{port}");
+        let bytes: u64 = read
+            .iter()
+            .flat_map(|(_, r)| r["flows"].as_array().unwrap().clone())
+            .filter(|f| f["dst"] == to.as_str())
+            .map(|f| u(&f["in_interval"]["seq_advance_bytes"]))
+            .sum();
+        assert_eq!(bytes, BYTES as u64, "{extra:?}");
+    }
+}
+
+/// With `--no-reattach` as user nobody, the server's interface in the
+/// lab's namespace: no capability kept, yet its deletion is seen (the
+/// tracer looks through a socket it made in the namespace, entering none):
+/// the last interval is written, with the connection's bytes in the
+/// reports, and the run ends with exit 1.
+#[test]
+fn without_capabilities_watch_still_sees_its_interface_go() {
+    if !root_or_skip("without_capabilities_watch_still_sees_its_interface_go") {
+        return;
+    }
+    const BYTES: usize = 1 << 20;
+    let dir = std::env::temp_dir().join(format!("tracer-watch-gone-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut spec = LabSpec::new(lab::Mode::Off, 4);
+    spec.timeout = Duration::from_secs(60);
+    let lab = Lab::create(&spec).expect("lab");
+    let (child, lines) = tracer_on_server(
+        &lab,
+        "watch",
+        &[
+            "--interval",
+            "1",
+            "--reports",
+            dir.to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--no-reattach",
+            "--user",
+            "nobody",
+        ],
+    );
+    let mut child = Watching(child);
+    let (reader, rx) = reports(lines);
+    said(&rx, "keeping no capability");
+    assert_eq!(send(&lab, 5701, BYTES), BYTES);
+    said(&rx, "tracer: interval ");
+    assert_eq!(privileges(child.0.id())[0].0, 0);
+    lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
+    let status = child.0.wait().unwrap();
+    let read = reader.join().unwrap();
+    drop(lab);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(status.code(), Some(1));
+    let last = &read.last().expect("reports").1;
+    assert_eq!(last["interval"]["last"], true);
+    let to = format!("{}:5701", lab::SERVER_V4);
+    let bytes: u64 = read
+        .iter()
+        .flat_map(|(_, r)| r["flows"].as_array().unwrap().clone())
+        .filter(|f| f["dst"] == to.as_str())
+        .map(|f| u(&f["in_interval"]["seq_advance_bytes"]))
+        .sum();
+    assert_eq!(bytes, BYTES as u64);
 }

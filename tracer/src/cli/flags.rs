@@ -376,9 +376,14 @@ pub struct WatchArgs {
     #[arg(long, conflicts_with = "summary")]
     pub(crate) full: bool,
     /// End when the interface goes away, instead of waiting for it to
-    /// come back and attaching again.
+    /// come back and attaching again; then no capability is kept once
+    /// attached.
     #[arg(long)]
     pub(crate) no_reattach: bool,
+    /// Once attached, run as this user (and its group; --reports is
+    /// given to it), keeping only the capabilities re-attaching needs.
+    #[arg(long, value_name = "NAME")]
+    pub(crate) user: Option<String>,
     #[command(flatten)]
     pub(crate) trace: TraceArgs,
 }

@@ -16,6 +16,7 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
     let mut engine = args.trace.report.engine()?;
     crate::require_root()?;
     let out = Outputs::open(&args.trace)?;
+    out.say_metrics();
     let mut lab = lab::Lab::create(&spec)?;
     if args.trace.report.rss_key.is_none() {
         // What the edge's NIC would report.

@@ -19,6 +19,7 @@ pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
     let engine = args.trace.report.engine()?;
     crate::require_root()?;
     let out = Outputs::open(&args.trace)?;
+    out.say_metrics();
     let mut run = Run::start(opts, out, engine, &args.trace)?;
     if args.reattach {
         run.reattach_when_back();

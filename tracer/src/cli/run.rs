@@ -119,6 +119,11 @@ impl Run {
         Ok(())
     }
 
+    /// "http://ADDR/metrics", when served.
+    pub fn metrics_url(&self) -> Option<String> {
+        self.out.metrics_url()
+    }
+
     pub fn tracer(&self) -> &Tracer {
         self.tracer.as_ref().expect("attached until stop")
     }
@@ -477,11 +482,7 @@ impl Outputs {
         let file = Output::open(trace)?;
         let metrics = match trace.metrics_addr.as_deref() {
             None => None,
-            Some(addr) => {
-                let m = Metrics::serve(metrics_addr(addr)?)?;
-                eprintln!("metrics at http://{}/metrics", m.addr);
-                Some(m)
-            }
+            Some(addr) => Some(Metrics::bind(metrics_addr(addr)?)?),
         };
         Ok(Self {
             file,
@@ -490,12 +491,27 @@ impl Outputs {
         })
     }
 
+    /// "metrics at http://ADDR/metrics", when served.
+    pub fn say_metrics(&self) {
+        if let Some(m) = &self.metrics {
+            eprintln!("metrics at {}", metrics_url(m));
+        }
+    }
+
+    pub fn metrics_url(&self) -> Option<String> {
+        self.metrics.as_ref().map(metrics_url)
+    }
+
     pub fn with_intervals(self, intervals: Intervals) -> Self {
         Self {
             intervals: Some(intervals),
             ..self
         }
     }
+}
+
+fn metrics_url(m: &Metrics) -> String {
+    format!("http://{}/metrics", m.addr)
 }
 
 /// The live view while collecting, when asked for and stdout is a

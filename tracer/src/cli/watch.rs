@@ -10,7 +10,11 @@ use super::{
     flags::{filter, WatchArgs},
     run::{traced_on, Outputs, Run},
 };
-use crate::{intervals::Intervals, record};
+use crate::{
+    intervals::Intervals,
+    kernel::privilege::{self, User},
+    record, SetupError,
+};
 
 pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     let args = args.with_defaults()?;
@@ -30,20 +34,43 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
         },
         "version": env!("CARGO_PKG_VERSION"),
     });
+    let user = args.user.as_deref().map(User::named).transpose()?;
     let every = Duration::from_secs(args.interval);
     let intervals = Intervals::open(&args.reports, args.keep, every, watching)?;
+    if let Some(u) = &user {
+        give_to(&args.reports, u)?;
+    }
     let out = Outputs::open(&args.trace)?.with_intervals(intervals);
     // From here on SIGHUP reopens the outputs instead of ending the process.
     record::catch_hangups()?;
     let mut run = Run::start(opts, out, engine, &args.trace)?;
-    if !args.no_reattach {
+    let keep = if args.no_reattach {
+        Vec::new()
+    } else {
         run.reattach_when_back();
-    }
+        privilege::to_attach_again(args.netns.is_some())
+    };
+    // The collector's priority first: raising it needs a capability too.
+    record::stay_urgent();
+    privilege::keep_only(&keep, user.as_ref())?;
     let tracer = run.tracer();
+    let on = traced_on(&tracer.iface, tracer.netns.as_deref());
+    let why = match (keep.is_empty(), args.netns.is_some()) {
+        (true, _) => "it will not attach again (--no-reattach)".to_string(),
+        (false, false) => format!("to attach again when {on} comes back"),
+        (false, true) => format!(
+            "to attach again when {on} comes back (CAP_SYS_ADMIN to enter the namespace: --no-reattach runs without it)"
+        ),
+    };
     eprintln!(
-        "tracer: watching TCP received on {} (XDP {}); a report every {} s to {}, the latest {} kept; SIGHUP reopens them, SIGTERM ends",
-        traced_on(&tracer.iface, tracer.netns.as_deref()),
+        "tracer: watching TCP received on {on} (XDP {}) as {}, keeping {} ({why}); nothing else of root",
         tracer.mode,
+        user.as_ref().map_or("root".to_string(), |u| format!("user {}", u.name)),
+        privilege::named(&keep),
+    );
+    eprintln!(
+        "tracer: metrics at {}; a report every {} s to {}, the latest {} kept; SIGHUP reopens them, SIGTERM ends",
+        run.metrics_url().unwrap_or_default(),
         args.interval,
         args.reports.display(),
         args.keep,
@@ -54,6 +81,18 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     eprintln!("{}", ended.header);
     // (Its closing lines to stderr, the log, as the rest.)
     ended.finish(true)
+}
+
+/// Makes `user` the owner of the reports' directory, which it will write
+/// to once it is who the process is.
+fn give_to(dir: &std::path::Path, user: &User) -> Result<()> {
+    std::os::unix::fs::chown(dir, Some(user.uid), Some(user.gid)).map_err(|e| {
+        SetupError::BadOutput {
+            path: dir.display().to_string(),
+            reason: format!("giving it to user {}: {e}", user.name),
+        }
+        .into()
+    })
 }
 
 /// This host's name, as the interval reports name it.

@@ -6,12 +6,14 @@ pub mod btf;
 mod counters;
 pub mod features;
 pub mod netns;
+pub mod privilege;
 pub mod rings;
 
 use std::{
     ffi::CString,
     fmt,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::unix::fs::MetadataExt,
 };
 
 use anyhow::{Context, Result};
@@ -139,6 +141,8 @@ pub struct Tracer {
     pub netns: Option<String>,
     pub ifindex: u32,
     pub mode: AttachedMode,
+    /// What looks for the interface without entering its namespace.
+    in_netns: InNetns,
     rings: Rings,
     counters: PerCpuArray<MapData, CounterBlock>,
     /// The first copies of the tracepoint programs, for their kernel-kept
@@ -156,7 +160,7 @@ impl Tracer {
     /// Checks the prerequisites, loads the programs, sets the filter and
     /// attaches to `opts.iface` (inside `opts.netns` if given).
     pub fn attach(opts: &TracerOptions) -> Result<Self> {
-        crate::require_root()?;
+        privilege::may_attach()?;
         if !opts.ring_bytes.is_power_of_two() || opts.ring_bytes < 4096 {
             return Err(SetupError::BadArgument(format!(
                 "ring buffer size {} is not a power of two of at least 4096 bytes",
@@ -174,6 +178,7 @@ impl Tracer {
             netns: opts.netns.clone(),
         })?;
         let netns_inum = netns::current_inum().context("reading the network namespace id")?;
+        let in_netns = InNetns::make(netns_inum)?;
 
         let ports = port_set(&opts.filter);
         let cpus = cpus()?;
@@ -253,6 +258,7 @@ impl Tracer {
             netns: opts.netns.clone(),
             ifindex,
             mode,
+            in_netns,
             rings,
             counters,
             tcp_probe_fd,
@@ -278,13 +284,19 @@ impl Tracer {
     }
 
     /// Whether the traced interface is still there: the same name with
-    /// the same index, in its namespace. False once it, or its namespace,
-    /// is gone (its XDP link then is detached: nothing more comes).
+    /// the same index, in its namespace, which is still the one of its
+    /// name. False once it, or its namespace, is gone (its XDP link then
+    /// is detached: nothing more comes). Enters no namespace: a run that
+    /// dropped its privileges looks the same way.
     pub fn interface_present(&self) -> bool {
-        let Ok(_guard) = NetnsGuard::enter_opt(self.netns.as_deref()) else {
-            return false;
-        };
-        if_index(&self.iface) == Some(self.ifindex)
+        if let Some(name) = &self.netns {
+            let same = std::fs::metadata(netns::path_of(name))
+                .is_ok_and(|m| m.ino() as u32 == self.in_netns.inum);
+            if !same {
+                return false;
+            }
+        }
+        self.in_netns.if_index(&self.iface) == Some(self.ifindex)
     }
 
     /// The records, in the kernel's time order.
@@ -460,6 +472,52 @@ pub(crate) fn if_index(name: &str) -> Option<u32> {
     // SAFETY: valid NUL-terminated string.
     let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
     (index != 0).then_some(index)
+}
+
+/// A socket made in the traced interface's namespace: interface names
+/// asked through it are that namespace's, from any thread, without
+/// setns(2) (it keeps the namespace alive while the tracer is).
+struct InNetns {
+    socket: OwnedFd,
+    /// The namespace's inode number (`net->ns.inum`).
+    inum: u32,
+}
+
+impl InNetns {
+    /// In the calling thread's namespace, whose number is `inum`.
+    fn make(inum: u32) -> Result<Self> {
+        // SAFETY: plain socket(2); the descriptor is owned from here on.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error())
+                .context("making a socket in the namespace");
+        }
+        Ok(Self {
+            // SAFETY: a fresh descriptor nothing else owns.
+            socket: unsafe { OwnedFd::from_raw_fd(fd) },
+            inum,
+        })
+    }
+
+    /// `name`'s index in the namespace (SIOCGIFINDEX).
+    fn if_index(&self, name: &str) -> Option<u32> {
+        let bytes = name.as_bytes();
+        // SAFETY: ifreq is plain data; zeroed is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        if bytes.len() >= ifr.ifr_name.len() {
+            return None;
+        }
+        for (d, b) in ifr.ifr_name.iter_mut().zip(bytes) {
+            *d = *b as libc::c_char;
+        }
+        // SAFETY: a valid ifreq on our own socket.
+        if unsafe { libc::ioctl(self.socket.as_raw_fd(), libc::SIOCGIFINDEX, &mut ifr) } < 0 {
+            return None;
+        }
+        // SAFETY: SIOCGIFINDEX filled the index member.
+        let index = unsafe { ifr.ifr_ifru.ifru_ifindex };
+        u32::try_from(index).ok().filter(|i| *i > 0)
+    }
 }
 
 /// The XDP program attached to `ifindex` in the current namespace (id,

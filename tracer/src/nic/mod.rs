@@ -66,17 +66,23 @@ pub struct Irq {
 /// while live): what it said, and its statistics' change since.
 pub struct NicWatch {
     iface: String,
-    netns: Option<String>,
+    /// An ethtool socket made in the interface's namespace at the start:
+    /// later reads switch no namespace (nor need the privilege to).
+    ethtool: Result<ethtool::Ethtool, String>,
     start: NicReport,
     latest: Option<NicEvidence>,
 }
 
 impl NicWatch {
     pub fn start(iface: &str, netns: Option<&str>) -> NicWatch {
+        let ethtool = match NetnsGuard::enter_opt(netns) {
+            Ok(_inside) => ethtool::Ethtool::open().map_err(|e| format!("ethtool: {e}")),
+            Err(e) => Err(format!("the NIC: {e}")),
+        };
         NicWatch {
             iface: iface.to_string(),
-            netns: netns.map(str::to_string),
-            start: read_in(iface, netns),
+            start: read_with(ethtool.as_ref(), iface),
+            ethtool,
             latest: None,
         }
     }
@@ -88,7 +94,7 @@ impl NicWatch {
 
     /// Reads the NIC now.
     pub fn read(&mut self) -> &NicEvidence {
-        let now = read_in(&self.iface, self.netns.as_deref());
+        let now = read_with(self.ethtool.as_ref(), &self.iface);
         self.latest
             .insert(NicEvidence::new(self.start.clone(), now))
     }
@@ -99,29 +105,24 @@ impl NicWatch {
     }
 }
 
-/// [`read`] from inside the network namespace `netns` (under /run/netns).
-pub fn read_in(iface: &str, netns: Option<&str>) -> NicReport {
-    match NetnsGuard::enter_opt(netns) {
-        Ok(_inside) => read(iface),
-        Err(e) => NicReport {
-            iface: iface.to_string(),
-            unanswered: vec![format!("the NIC: {e}")],
-            ..NicReport::default()
-        },
-    }
-}
-
 /// Reads everything the NIC and the kernel say about `iface`, from the
 /// network namespace the calling thread is in (sysfs: as this process's
 /// mount shows it).
 pub fn read(iface: &str) -> NicReport {
+    let et = ethtool::Ethtool::open().map_err(|e| format!("ethtool: {e}"));
+    read_with(et.as_ref(), iface)
+}
+
+/// [`read`] through `et`, an ethtool socket of `iface`'s namespace (or
+/// why there is none).
+fn read_with(et: Result<&ethtool::Ethtool, &String>, iface: &str) -> NicReport {
     let mut r = NicReport {
         iface: iface.to_string(),
         ..NicReport::default()
     };
     let mut missing = Vec::new();
-    match ethtool::Ethtool::open() {
-        Err(e) => unanswered(&mut missing, "ethtool", e),
+    match et {
+        Err(e) => missing.push(e.clone()),
         Ok(et) => {
             match et.driver(iface) {
                 Ok(d) => {
