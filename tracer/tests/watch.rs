@@ -1,13 +1,14 @@
 //! `tracer watch` as a service lives (root; in CI): a report every
 //! interval, the latest kept, the interface going and coming back without
 //! a flag, SIGHUP reopening its directory, SIGTERM writing the last
-//! interval and detaching; every connection's bytes in the intervals.
+//! interval and detaching; every connection's bytes in the intervals; the
+//! capabilities it keeps, read from /proc.
 
 use std::{
-    collections::BTreeMap,
     path::{Path, PathBuf},
-    process::Child,
+    process::{Child, ExitStatus},
     sync::mpsc,
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -18,45 +19,101 @@ use tracer::{
 };
 
 mod common;
-use common::{root_or_skip, said, send, signal, tracer_on_server, u};
+use common::{read_one_connection, root_or_skip, said, send, signal, spawn_tracer, u};
 
-/// Reads each interval report the moment its line names it (before the
-/// rotation can take it): the reports in order, and the other lines.
-fn reports(
-    lines: mpsc::Receiver<String>,
-) -> (
-    std::thread::JoinHandle<Vec<(PathBuf, Value)>>,
-    mpsc::Receiver<String>,
-) {
-    let (tx, rx) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        let mut read = Vec::new();
-        for line in lines {
-            if let Some(path) = line
-                .strip_prefix("tracer: interval ")
-                .and_then(|l| l.rsplit_once("; "))
-                .map(|(_, p)| PathBuf::from(p))
-            {
-                let text = std::fs::read_to_string(&path)
-                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                read.push((path, serde_json::from_str(&text).unwrap()));
-            }
-            let _ = tx.send(line);
-        }
-        read
-    });
-    (reader, rx)
+/// A report and where it was.
+type Report = (PathBuf, Value);
+
+/// `tracer watch` with one-second intervals into a directory of its own,
+/// each report read the moment its line names it (before the rotation
+/// can take it). Killed if the test fails before it ends (a watch waiting
+/// for its interface would wait forever); its directory removed.
+struct Watched {
+    child: Child,
+    reader: Option<JoinHandle<Vec<Report>>>,
+    /// Its other stderr lines.
+    rx: mpsc::Receiver<String>,
+    dir: PathBuf,
 }
 
-/// The child, killed if the test fails before it ends (a watch waiting
-/// for its interface would wait forever).
-struct Watching(Child);
-
-impl Drop for Watching {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+impl Watched {
+    /// `watch TARGET --interval 1 --reports DIR --metrics-addr 127.0.0.1:0
+    /// EXTRA`, DIR named after `name`.
+    fn start(target: &[&str], name: &str, extra: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!("tracer-watch-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut args = vec!["watch"];
+        args.extend(target);
+        args.extend([
+            "--interval",
+            "1",
+            "--reports",
+            dir.to_str().unwrap(),
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ]);
+        args.extend(extra);
+        let (child, lines) = spawn_tracer(&args);
+        let (tx, rx) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            let mut read = Vec::new();
+            for line in lines {
+                if let Some(path) = line
+                    .strip_prefix("tracer: interval ")
+                    .and_then(|l| l.rsplit_once("; "))
+                    .map(|(_, p)| PathBuf::from(p))
+                {
+                    let text = std::fs::read_to_string(&path)
+                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                    read.push((path, serde_json::from_str(&text).unwrap()));
+                }
+                let _ = tx.send(line);
+            }
+            read
+        });
+        Self {
+            child,
+            reader: Some(reader),
+            rx,
+            dir,
+        }
     }
+
+    /// On the lab's server interface.
+    fn on_server(lab: &Lab, name: &str, extra: &[&str]) -> Self {
+        Self::start(
+            &["--iface", lab::SERVER_IF, "--netns", &lab.topo.server_ns],
+            name,
+            extra,
+        )
+    }
+
+    fn said(&self, what: &str) -> String {
+        said(&self.rx, what)
+    }
+
+    /// Its end: how it exited, and every report it wrote, in order.
+    fn end(&mut self) -> (ExitStatus, Vec<Report>) {
+        let status = self.child.wait().unwrap();
+        (status, self.reader.take().unwrap().join().unwrap())
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The bytes the flow to `to` moved, summed over the reports.
+fn bytes_to(read: &[Report], to: &str) -> u64 {
+    read.iter()
+        .flat_map(|(_, r)| r["flows"].as_array().unwrap().clone())
+        .filter(|f| f["dst"] == to)
+        .map(|f| u(&f["in_interval"]["seq_advance_bytes"]))
+        .sum()
 }
 
 /// The tracer's programs still loaded 5 s after its end (the kernel lets
@@ -81,6 +138,13 @@ fn files_in(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
+/// A lab of the plain path, its uploads not started.
+fn plain_lab() -> Lab {
+    let mut spec = LabSpec::new(lab::Mode::Off, 4);
+    spec.timeout = Duration::from_secs(60);
+    Lab::create(&spec).expect("lab")
+}
+
 /// With `watch`'s defaults, as user nobody, and one-second intervals kept
 /// three at a time:
 /// one connection; the server's link deleted and made again (followed
@@ -96,71 +160,43 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
         return;
     }
     const BYTES: usize = 4 << 20;
-    let dir = std::env::temp_dir().join(format!("tracer-watch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut spec = LabSpec::new(lab::Mode::Off, 4);
-    spec.timeout = Duration::from_secs(60);
-    let lab = Lab::create(&spec).expect("lab");
-    let (child, lines) = tracer_on_server(
-        &lab,
-        "watch",
-        &[
-            "--interval",
-            "1",
-            "--keep",
-            "3",
-            "--reports",
-            dir.to_str().unwrap(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--user",
-            "nobody",
-        ],
-    );
-    let mut child = Watching(child);
-    let (reader, rx) = reports(lines);
-    said(&rx, "watching TCP received on");
+    let lab = plain_lab();
+    let mut w = Watched::on_server(&lab, "flap", &["--keep", "3", "--user", "nobody"]);
+    w.said("watching TCP received on");
     assert_eq!(send(&lab, 5501, BYTES), BYTES);
-    said(&rx, "tracer: interval ");
+    w.said("tracer: interval ");
     lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
-    said(&rx, "waiting for it to come back");
+    w.said("waiting for it to come back");
     lab.topo.relink_server().unwrap();
-    said(&rx, "attached again");
+    w.said("attached again");
     // The directory taken away (a file in its place): a report that
     // cannot be written is said, and the next one covers its interval.
-    std::fs::remove_dir_all(&dir).unwrap();
-    std::fs::write(&dir, b"").unwrap();
+    std::fs::remove_dir_all(&w.dir).unwrap();
+    std::fs::write(&w.dir, b"").unwrap();
     assert_eq!(send(&lab, 5502, BYTES), BYTES);
-    said(&rx, "the next report covers this interval too");
-    std::fs::remove_file(&dir).unwrap();
-    signal(&child.0, libc::SIGHUP);
-    said(&rx, "reopened");
+    w.said("the next report covers this interval too");
+    std::fs::remove_file(&w.dir).unwrap();
+    signal(&w.child, libc::SIGHUP);
+    w.said("reopened");
     // Three more, all made after the directory was: the last three.
     for _ in 0..3 {
-        said(&rx, "tracer: interval ");
+        w.said("tracer: interval ");
     }
-    signal(&child.0, libc::SIGTERM);
-    let status = child.0.wait().unwrap();
-    let read = reader.join().unwrap();
+    signal(&w.child, libc::SIGTERM);
+    let (status, read) = w.end();
     drop(lab);
-    let files = files_in(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
+    let files = files_in(&w.dir);
     assert_eq!(status.code(), Some(0));
     assert!(read.len() >= 3, "{} intervals", read.len());
-    let mut bytes: BTreeMap<String, u64> = BTreeMap::new();
     for (i, (path, r)) in read.iter().enumerate() {
         let at = path.display();
         assert_eq!(u(&r["interval"]["number"]), i as u64 + 1, "{at}");
         assert_eq!(r["interval"]["last"], i + 1 == read.len(), "{at}");
         assert_eq!(u(&r["dropped_events"]), 0, "{at}");
-        for f in r["flows"].as_array().unwrap() {
-            let to = f["dst"].as_str().unwrap().to_string();
-            *bytes.entry(to).or_default() += u(&f["in_interval"]["seq_advance_bytes"]);
-        }
     }
     for port in [5501, 5502] {
         let to = format!("{}:{port}", lab::SERVER_V4);
-        assert_eq!(bytes.get(&to).copied(), Some(BYTES as u64), "to {to}");
+        assert_eq!(bytes_to(&read, &to), BYTES as u64, "to {to}");
     }
     let last_three: Vec<PathBuf> = read[read.len() - 3..].iter().map(|r| r.0.clone()).collect();
     assert_eq!(
@@ -194,18 +230,8 @@ fn privileges(pid: u32) -> Vec<(u64, u64, String, String)> {
 /// `bytes` to a listener on 127.0.0.1:`port`, the client closing after;
 /// what the listener read.
 fn send_on_loopback(port: u16, bytes: usize) -> usize {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let (mut buf, mut read) = (vec![0u8; 1 << 16], 0);
-        loop {
-            match s.read(&mut buf).unwrap() {
-                0 => return read,
-                n => read += n,
-            }
-        }
-    });
+    use std::io::Write;
+    let server = read_one_connection(std::net::TcpListener::bind(("127.0.0.1", port)).unwrap());
     std::net::TcpStream::connect(("127.0.0.1", port))
         .unwrap()
         .write_all(&vec![0x5a; bytes])
@@ -251,50 +277,27 @@ fn watch_keeps_only_the_capabilities_attaching_again_needs() {
             "as user nobody, keeping no capability (it will not attach again (--no-reattach))",
         ),
     ] {
-        let dir = std::env::temp_dir().join(format!("tracer-watch-caps-{}-{port}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
         let filter = format!("port {port}");
-        let mut args = vec![
-            "watch",
-            "--iface",
-            "lo",
-            "--filter",
-            &filter,
-            "--interval",
-            "1",
-            "--reports",
-            dir.to_str().unwrap(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ];
-        args.extend(extra);
-        let (child, lines) = common::spawn_tracer(&args);
-        let mut child = Watching(child);
-        let (reader, rx) = reports(lines);
-        let first = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        let mut w = Watched::start(
+            &["--iface", "lo", "--filter", &filter],
+            &port.to_string(),
+            extra,
+        );
+        let first = w.rx.recv_timeout(Duration::from_secs(20)).unwrap();
         assert!(first.contains(kept), "{extra:?}: the first line: {first}");
         assert_eq!(send_on_loopback(port, BYTES), BYTES);
-        said(&rx, "tracer: interval ");
-        let threads = privileges(child.0.id());
+        w.said("tracer: interval ");
+        let threads = privileges(w.child.id());
         assert!(threads.len() >= 2, "{extra:?}: the metrics thread too: {threads:?}");
         let all = |id: u32| format!("{id}\t{id}\t{id}\t{id}");
         for t in &threads {
             assert_eq!((t.0, t.1), (caps, caps), "{extra:?}: {threads:?}");
             assert_eq!((&t.2, &t.3), (&all(ids.0), &all(ids.1)), "{extra:?}: Uid, Gid");
         }
-        signal(&child.0, libc::SIGTERM);
-        let status = child.0.wait().unwrap();
-        let read = reader.join().unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
+        signal(&w.child, libc::SIGTERM);
+        let (status, read) = w.end();
         assert_eq!(status.code(), Some(0), "{extra:?}");
-        let to = format!("127.0.0.1:{port}");
-        let bytes: u64 = read
-            .iter()
-            .flat_map(|(_, r)| r["flows"].as_array().unwrap().clone())
-            .filter(|f| f["dst"] == to.as_str())
-            .map(|f| u(&f["in_interval"]["seq_advance_bytes"]))
-            .sum();
-        assert_eq!(bytes, BYTES as u64, "{extra:?}");
+        assert_eq!(bytes_to(&read, &format!("127.0.0.1:{port}")), BYTES as u64, "{extra:?}");
     }
 }
 
@@ -309,46 +312,17 @@ fn without_capabilities_watch_still_sees_its_interface_go() {
         return;
     }
     const BYTES: usize = 1 << 20;
-    let dir = std::env::temp_dir().join(format!("tracer-watch-gone-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut spec = LabSpec::new(lab::Mode::Off, 4);
-    spec.timeout = Duration::from_secs(60);
-    let lab = Lab::create(&spec).expect("lab");
-    let (child, lines) = tracer_on_server(
-        &lab,
-        "watch",
-        &[
-            "--interval",
-            "1",
-            "--reports",
-            dir.to_str().unwrap(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--no-reattach",
-            "--user",
-            "nobody",
-        ],
-    );
-    let mut child = Watching(child);
-    let (reader, rx) = reports(lines);
-    said(&rx, "keeping no capability");
+    let lab = plain_lab();
+    let mut w = Watched::on_server(&lab, "gone", &["--no-reattach", "--user", "nobody"]);
+    w.said("keeping no capability");
     assert_eq!(send(&lab, 5701, BYTES), BYTES);
-    said(&rx, "tracer: interval ");
-    assert_eq!(privileges(child.0.id())[0].0, 0);
+    w.said("tracer: interval ");
+    assert_eq!(privileges(w.child.id())[0].0, 0);
     lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
-    let status = child.0.wait().unwrap();
-    let read = reader.join().unwrap();
+    let (status, read) = w.end();
     drop(lab);
-    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(status.code(), Some(1));
-    let last = &read.last().expect("reports").1;
-    assert_eq!(last["interval"]["last"], true);
+    assert_eq!(read.last().expect("reports").1["interval"]["last"], true);
     let to = format!("{}:5701", lab::SERVER_V4);
-    let bytes: u64 = read
-        .iter()
-        .flat_map(|(_, r)| r["flows"].as_array().unwrap().clone())
-        .filter(|f| f["dst"] == to.as_str())
-        .map(|f| u(&f["in_interval"]["seq_advance_bytes"]))
-        .sum();
-    assert_eq!(bytes, BYTES as u64);
+    assert_eq!(bytes_to(&read, &to), BYTES as u64);
 }

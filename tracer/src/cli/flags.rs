@@ -321,8 +321,9 @@ impl ReportArgs {
     }
 }
 
+/// What `record`, `live` and `watch` trace.
 #[derive(Args)]
-pub struct RecordArgs {
+pub struct TargetArgs {
     /// Interface to trace (received segments).
     #[arg(long)]
     pub(crate) iface: String,
@@ -332,6 +333,20 @@ pub struct RecordArgs {
     /// Flows to trace, e.g. "port 5201", "net 10.0.0.0/24 and port 443".
     #[arg(long, value_name = "EXPR")]
     pub(crate) filter: Option<String>,
+}
+
+impl TargetArgs {
+    /// What to attach, with `trace`'s flags.
+    pub(crate) fn tracer_options(&self, trace: &TraceArgs) -> Result<TracerOptions, SetupError> {
+        let filter = filter("--filter", self.filter.as_deref())?;
+        trace.tracer_options(self.iface.clone(), self.netns.clone(), filter)
+    }
+}
+
+#[derive(Args)]
+pub struct RecordArgs {
+    #[command(flatten)]
+    pub(crate) target: TargetArgs,
     /// Stop after SECS seconds (default: until Ctrl-C).
     #[arg(long, value_name = "SECS")]
     pub(crate) duration: Option<f64>,
@@ -353,15 +368,8 @@ pub const WATCH_SUMMARY: u32 = 64;
 
 #[derive(Args)]
 pub struct WatchArgs {
-    /// Interface to trace (received segments).
-    #[arg(long)]
-    pub(crate) iface: String,
-    /// Network namespace (under /run/netns) the interface lives in.
-    #[arg(long)]
-    pub(crate) netns: Option<String>,
-    /// Flows to trace, e.g. "port 443" (as `record --filter`).
-    #[arg(long, value_name = "EXPR")]
-    pub(crate) filter: Option<String>,
+    #[command(flatten)]
+    pub(crate) target: TargetArgs,
     /// Seconds each interval report covers.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     pub(crate) interval: u64,

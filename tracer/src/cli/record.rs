@@ -5,17 +5,16 @@ use std::process::ExitCode;
 use anyhow::Result;
 
 use super::{
-    flags::{filter, seconds, RecordArgs},
+    flags::{seconds, RecordArgs},
     run::{traced_on, Outputs, Run},
 };
 
 pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
-    let filter = filter("--filter", args.filter.as_deref())?;
     let duration = args
         .duration
         .map(|d| seconds("--duration", d))
         .transpose()?;
-    let opts = args.trace.tracer_options(args.iface, args.netns, filter)?;
+    let opts = args.target.tracer_options(&args.trace)?;
     let engine = args.trace.report.engine()?;
     crate::require_root()?;
     let out = Outputs::open(&args.trace)?;

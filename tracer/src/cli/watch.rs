@@ -7,7 +7,7 @@ use std::{process::ExitCode, time::Duration};
 use anyhow::Result;
 
 use super::{
-    flags::{filter, WatchArgs},
+    flags::WatchArgs,
     run::{traced_on, Outputs, Run},
 };
 use crate::{
@@ -18,16 +18,13 @@ use crate::{
 
 pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     let args = args.with_defaults()?;
-    let filter = filter("--filter", args.filter.as_deref())?;
-    let opts = args
-        .trace
-        .tracer_options(args.iface.clone(), args.netns.clone(), filter)?;
+    let opts = args.target.tracer_options(&args.trace)?;
     let engine = args.trace.report.engine()?;
     crate::require_root()?;
     let watching = serde_json::json!({
         "host": hostname(),
-        "interface": args.iface,
-        "netns": args.netns,
+        "interface": opts.iface,
+        "netns": opts.netns,
         "mode": match opts.summary_sample {
             0 => "full".to_string(),
             n => format!("summary, one in {n} of the uneventful segments"),
@@ -48,14 +45,14 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
         Vec::new()
     } else {
         run.reattach_when_back();
-        privilege::to_attach_again(args.netns.is_some())
+        privilege::to_attach_again(args.target.netns.is_some())
     };
     // The collector's priority first: raising it needs a capability too.
     record::stay_urgent();
     privilege::keep_only(&keep, user.as_ref())?;
     let tracer = run.tracer();
     let on = traced_on(&tracer.iface, tracer.netns.as_deref());
-    let why = match (keep.is_empty(), args.netns.is_some()) {
+    let why = match (keep.is_empty(), args.target.netns.is_some()) {
         (true, _) => "it will not attach again (--no-reattach)".to_string(),
         (false, false) => format!("to attach again when {on} comes back"),
         (false, true) => format!(

@@ -90,16 +90,7 @@ pub fn send(lab: &Lab, port: u16, bytes: usize) -> usize {
         let _ns = NetnsGuard::enter(&lab.topo.server_ns).unwrap();
         TcpListener::bind(to).unwrap()
     };
-    let server = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
-        let (mut buf, mut read) = (vec![0u8; 1 << 16], 0);
-        loop {
-            match s.read(&mut buf).unwrap() {
-                0 => return read,
-                n => read += n,
-            }
-        }
-    });
+    let server = read_one_connection(listener);
     {
         let mut c = {
             let _ns = NetnsGuard::enter(&lab.topo.client_ns).unwrap();
@@ -108,4 +99,19 @@ pub fn send(lab: &Lab, port: u16, bytes: usize) -> usize {
         c.write_all(&vec![0x5a; bytes]).unwrap();
     }
     server.join().unwrap()
+}
+
+/// On a thread: accepts one connection on `listener` and reads it to its
+/// end; what it read.
+pub fn read_one_connection(listener: TcpListener) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let (mut buf, mut read) = (vec![0u8; 1 << 16], 0);
+        loop {
+            match s.read(&mut buf).unwrap() {
+                0 => return read,
+                n => read += n,
+            }
+        }
+    })
 }
