@@ -28,6 +28,7 @@ fn main() -> ExitCode {
                 SetupError::BadArgument(format!("user-mode-linux cannot run on this host: {why}"))
                     .into()
             }),
+        Command::PackageFiles { dir } => cli::package_files(&dir),
         Command::Analyze(args) => cli::analyze(args, false),
         Command::Replay(args) => cli::analyze(args, true),
     };

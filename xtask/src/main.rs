@@ -2,6 +2,7 @@
 //! fuzz`: the project's own tasks.
 
 mod cells;
+mod dist;
 mod guest;
 mod matrix;
 mod runner;
@@ -82,6 +83,11 @@ enum Task {
         #[arg(last = true)]
         only: Vec<String>,
     },
+    /// Build the packages a host without Rust installs: a Debian package
+    /// and a tarball (the release binary with its eBPF object, man pages,
+    /// completions, the systemd unit for `tracer watch`, the alert rules)
+    /// into target/dist, the unit's hardening and the rules checked.
+    Dist,
     /// Benchmarks, each printing its figures beside a baseline measured in
     /// the same run (ratios, not absolute times, are what to compare).
     Bench,
@@ -119,7 +125,9 @@ const BPF_LINKER: &str = "bpf-linker@0.10.3";
 /// `tshark` (the independent reader of our pcapng traces), `prometheus`
 /// (its `promtool` checks the metrics and the alert rules), and for the
 /// kernel matrix `qemu-system-x86` (the guests), `kmod` (`depmod` and the
-/// guests' `modprobe`) and `binutils` (`strip`).
+/// guests' `modprobe`) and `binutils` (`strip`); for `dist` and the
+/// package's test, `systemd` (`systemd-analyze`) and `man-db` (`dpkg-deb`
+/// comes with dpkg, always there).
 const APT_PACKAGES: &[&str] = &[
     "iproute2",
     // The lab's sender guests (Linux 6.1 as a process).
@@ -135,6 +143,8 @@ const APT_PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "kmod",
     "binutils",
+    "systemd",
+    "man-db",
 ];
 
 fn main() -> ExitCode {
@@ -154,6 +164,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Task::Setup => setup().map(|()| ExitCode::SUCCESS),
         Task::BuildAndRun { args } => build_and_run(args),
+        Task::Dist => {
+            setup()?;
+            dist::dist().map(|_| ExitCode::SUCCESS)
+        }
         Task::Lab { args } => {
             build_and_run(std::iter::once("lab".to_string()).chain(args).collect())
         }
@@ -369,9 +383,16 @@ fn test(kernel: KernelChoice, repeat: u32, filters: &[String]) -> Result<ExitCod
         if cases.is_empty() {
             bail!("no test matches {filters:?}");
         }
+        // The package its test installs, built here: outside any test's
+        // time bound (a release build from nothing takes minutes).
+        let package = if cases.iter().any(|c| c.path().starts_with("package::")) {
+            Some(dist::dist()?)
+        } else {
+            None
+        };
         runner::forward_signals();
         for round in 1..=repeat {
-            host_round(&cases, round, repeat, &mut tally)?;
+            host_round(&cases, package.as_deref(), round, repeat, &mut tally)?;
             if runner::interrupted() {
                 bail!("interrupted");
             }
@@ -414,7 +435,13 @@ fn test(kernel: KernelChoice, repeat: u32, filters: &[String]) -> Result<ExitCod
 }
 
 /// One run of the host's suite: a line per test, a failure's last lines.
-fn host_round(cases: &[runner::Case], round: u32, of: u32, tally: &mut Tally) -> Result<()> {
+fn host_round(
+    cases: &[runner::Case],
+    package: Option<&std::path::Path>,
+    round: u32,
+    of: u32,
+    tally: &mut Tally,
+) -> Result<()> {
     let host = root_dir().join("target/test-logs/host");
     // (Round 1 clears an earlier run's rounds: no stale log to mislead.)
     let _ = std::fs::remove_dir_all(if round == 1 {
@@ -427,7 +454,12 @@ fn host_round(cases: &[runner::Case], round: u32, of: u32, tally: &mut Tally) ->
         println!("\nround {round} of {of}");
     }
     for case in cases {
-        let outcome = runner::run(case, runner::HOST_BOUND, &[]);
+        let env: Vec<(&str, &str)> = package
+            .and_then(|p| p.to_str())
+            .map(|p| (dist::PACKAGE_ENV, p))
+            .into_iter()
+            .collect();
+        let outcome = runner::run(case, runner::HOST_BOUND, &env);
         let log = runner::keep_output(&logs, case, &outcome.output)?;
         let secs = outcome.elapsed.as_secs_f64();
         let word = match &outcome.verdict {

@@ -60,6 +60,10 @@ pub enum Command {
     /// build-and-run` asks before its demo).
     #[command(hide = true)]
     GuestCheck,
+    /// Write the man pages and shell completions a package ships into
+    /// DIR (`cargo xtask dist`).
+    #[command(hide = true)]
+    PackageFiles { dir: PathBuf },
 }
 
 #[derive(Args)]

@@ -5,6 +5,7 @@
 mod analyze;
 pub mod flags;
 mod lab;
+mod package;
 mod record;
 mod run;
 mod watch;
@@ -12,5 +13,6 @@ mod watch;
 pub use analyze::analyze;
 pub use flags::{Cli, Command};
 pub use lab::{lab, lab_send};
+pub use package::package_files;
 pub use record::record;
 pub use watch::watch;

@@ -157,7 +157,7 @@ impl Run {
             // Its programs are gone; its maps and ring go too.
             drop(old);
             eprintln!(
-                "tracer: {on} went away after {:.1} s: waiting for it to come back (--reattach)",
+                "tracer: {on} went away after {:.1} s: waiting for it to come back",
                 outcome.elapsed.as_secs_f64()
             );
             let (iface, netns) = (self.opts.iface.clone(), self.opts.netns.clone());

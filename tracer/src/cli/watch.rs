@@ -20,7 +20,8 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     let args = args.with_defaults()?;
     let opts = args.target.tracer_options(&args.trace)?;
     let engine = args.trace.report.engine()?;
-    crate::require_root()?;
+    // Root, or a service's user given the capabilities.
+    privilege::may_attach()?;
     let watching = serde_json::json!({
         "host": hostname(),
         "interface": opts.iface,
@@ -62,7 +63,7 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     eprintln!(
         "tracer: watching TCP received on {on} (XDP {}) as {}, keeping {} ({why}); nothing else of root",
         tracer.mode,
-        user.as_ref().map_or("root".to_string(), |u| format!("user {}", u.name)),
+        User::current(),
         privilege::named(&keep),
     );
     eprintln!(

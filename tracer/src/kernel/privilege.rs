@@ -61,6 +61,29 @@ pub struct User {
 }
 
 impl User {
+    /// Who the process is now: "root", or "user NAME".
+    pub fn current() -> String {
+        // SAFETY: geteuid has no preconditions.
+        let uid = unsafe { libc::geteuid() };
+        if uid == 0 {
+            return "root".into();
+        }
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut buf = vec![0 as libc::c_char; 16 * 1024];
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is to a live buffer of the length given;
+        // pw_name points into `buf` when found.
+        unsafe {
+            if libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut found) == 0
+                && !found.is_null()
+            {
+                let name = std::ffi::CStr::from_ptr(pwd.pw_name).to_string_lossy();
+                return format!("user {name}");
+            }
+        }
+        format!("uid {uid}")
+    }
+
     /// Looks `name` up in the user database.
     pub fn named(name: &str) -> Result<Self, SetupError> {
         let unknown = |why: String| SetupError::BadArgument(format!("--user {name}: {why}"));
@@ -112,7 +135,14 @@ pub fn keep_only(caps: &[Cap], user: Option<&User>) -> Result<()> {
     // arguments; each result is checked.
     unsafe {
         for cap in 0..=last {
-            if keep & (1 << cap) == 0 && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 {
+            let bounded = libc::prctl(libc::PR_CAPBSET_READ, cap, 0, 0, 0) == 1;
+            if keep & (1 << cap) == 0
+                && bounded
+                && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+                // (Without CAP_SETPCAP, as a service's user: such a
+                // process, no_new_privs set, cannot regain it anyway.)
+                && libc::geteuid() == 0
+            {
                 return Err(last_error("dropping a capability from the bounding set"));
             }
         }
