@@ -29,7 +29,7 @@ impl fmt::Display for SetupError {
         match self {
             Self::NotRoot => write!(
                 f,
-                "loading eBPF programs needs root (or CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN): rerun as root (e.g. `su -c '...'`)"
+                "loading eBPF programs needs root: rerun as root (e.g. `su -c '...'`)"
             ),
             Self::Environment(what) => write!(f, "{what}"),
             Self::UnknownInterface { name, netns: None } => write!(
