@@ -148,15 +148,19 @@ pub struct Metrics {
 
 impl Metrics {
     /// Binds `addr` (before anything is attached: a taken port fails
-    /// first); connections wait until [`Metrics::serve`].
-    pub fn bind(addr: SocketAddr) -> Result<Self> {
+    /// first); connections wait until [`Metrics::serve`]. Every series
+    /// carries `interface="IFACE"`; the host is the scrape's `instance`.
+    pub fn bind(addr: SocketAddr, interface: &str) -> Result<Self> {
         let listener = TcpListener::bind(addr).map_err(|e| {
             SetupError::BadArgument(format!("cannot listen on {addr} for metrics: {e}"))
         })?;
         let addr = listener.local_addr()?;
         listener.set_nonblocking(true)?;
         let values = Arc::new(Values::default());
-        let mut registry = Registry::with_prefix("tracer");
+        let mut registry = Registry::with_prefix_and_labels(
+            "tracer",
+            [("interface".into(), interface.to_string().into())].into_iter(),
+        );
         register(&mut registry, &values);
         Ok(Self {
             values,

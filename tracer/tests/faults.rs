@@ -78,7 +78,8 @@ fn try_scrape(addr: &str, metric: &str) -> std::io::Result<f64> {
     s.read_to_string(&mut body)?;
     Ok(body
         .lines()
-        .find_map(|l| l.strip_prefix(metric).and_then(|v| v.trim().parse().ok()))
+        .filter(|l| l.split(['{', ' ']).next() == Some(metric))
+        .find_map(|l| l.rsplit_once(' ').and_then(|(_, v)| v.parse().ok()))
         .unwrap_or_else(|| panic!("no {metric}")))
 }
 

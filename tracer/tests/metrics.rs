@@ -33,13 +33,19 @@ fn scrape(addr: &str) -> String {
     body.to_string()
 }
 
-/// Sample name with labels -> value.
+/// Sample name with labels -> value, the `interface` label every sample
+/// carries (that of the lab's server) taken out.
 fn samples(body: &str) -> BTreeMap<String, f64> {
+    let labelled = format!("interface=\"{}\"", lab::SERVER_IF);
     body.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {
             let (k, v) = l.rsplit_once(' ').unwrap();
-            (k.to_string(), v.parse().unwrap())
+            assert!(k.contains(&labelled), "{l}: no {labelled}");
+            let k = k
+                .replace(&format!("{{{labelled}}}"), "")
+                .replace(&format!("{labelled},"), "");
+            (k, v.parse().unwrap())
         })
         .collect()
 }

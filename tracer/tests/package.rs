@@ -100,6 +100,7 @@ fn the_package_installs_runs_and_purges_leaving_nothing() {
         "/usr/share/man/man1/tracer-watch.1.gz",
         "/usr/share/bash-completion/completions/tracer",
         "/usr/share/tracer/prometheus/alerts.yml",
+        "/usr/share/tracer/grafana/tracer.json",
     ] {
         assert!(files.contains(&want), "{want} not in the package: {listed}");
     }

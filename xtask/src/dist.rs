@@ -1,9 +1,9 @@
 //! `cargo xtask dist`: the tracer as a host without Rust installs it. A
 //! release build (its eBPF object inside), a man page per command, shell
 //! completions, the systemd unit for `tracer watch`, the Prometheus alert
-//! rules, laid out as the filesystem wants them; then a Debian package
-//! (`dpkg-deb`) and a tarball of the same tree. The unit's hardening and
-//! the rules are checked before anything is packed.
+//! rules and the Grafana dashboard, laid out as the filesystem wants them;
+//! then a Debian package (`dpkg-deb`) and a tarball of the same tree. The
+//! unit's hardening and the rules are checked before anything is packed.
 
 use std::{
     fs,

@@ -15,7 +15,7 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
     let LabPlan { spec, pace } = args.plan()?;
     let mut engine = args.trace.report.engine()?;
     crate::require_root()?;
-    let out = Outputs::open(&args.trace)?;
+    let out = Outputs::open(&args.trace, lab::SERVER_IF)?;
     out.say_metrics();
     let mut lab = lab::Lab::create(&spec)?;
     if args.trace.report.rss_key.is_none() {

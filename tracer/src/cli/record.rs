@@ -17,7 +17,7 @@ pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
     let opts = args.target.tracer_options(&args.trace)?;
     let engine = args.trace.report.engine()?;
     crate::require_root()?;
-    let out = Outputs::open(&args.trace)?;
+    let out = Outputs::open(&args.trace, &args.target.iface)?;
     out.say_metrics();
     let mut run = Run::start(opts, out, engine, &args.trace)?;
     if args.reattach {

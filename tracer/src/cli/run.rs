@@ -478,11 +478,12 @@ pub(super) struct Outputs {
 }
 
 impl Outputs {
-    pub fn open(trace: &TraceArgs) -> Result<Self> {
+    /// `interface` labels the metrics.
+    pub fn open(trace: &TraceArgs, interface: &str) -> Result<Self> {
         let file = Output::open(trace)?;
         let metrics = match trace.metrics_addr.as_deref() {
             None => None,
-            Some(addr) => Some(Metrics::bind(metrics_addr(addr)?)?),
+            Some(addr) => Some(Metrics::bind(metrics_addr(addr)?, interface)?),
         };
         Ok(Self {
             file,

@@ -38,7 +38,7 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     if let Some(u) = &user {
         give_to(&args.reports, u)?;
     }
-    let out = Outputs::open(&args.trace)?.with_intervals(intervals);
+    let out = Outputs::open(&args.trace, &args.target.iface)?.with_intervals(intervals);
     // From here on SIGHUP reopens the outputs instead of ending the process.
     record::catch_hangups()?;
     let mut run = Run::start(opts, out, engine, &args.trace)?;

@@ -126,6 +126,9 @@ pub struct Edge {
     counters: PerCpuArray<MapData, u64>,
     off_rss: HashMap<MapData, u32, u64>,
     stop: Arc<AtomicBool>,
+    /// ATR mode: whether the table re-points flows (on until
+    /// [`Edge::set_steering`] says otherwise).
+    repointing: Arc<AtomicBool>,
     thread: Option<JoinHandle<Truth>>,
     reorderer: Option<Reorderer>,
 }
@@ -232,16 +235,20 @@ impl Edge {
             _ => None,
         };
         let stop = Arc::new(AtomicBool::new(false));
+        let repointing = Arc::new(AtomicBool::new(true));
         let thread = {
             let stop = stop.clone();
-            let repoint = match mode {
-                Mode::Atr { rate, .. } => Some(Duration::from_secs_f64(1.0 / rate)),
-                _ => None,
+            let repoints = Repoints {
+                period: match mode {
+                    Mode::Atr { rate, .. } => Some(Duration::from_secs_f64(1.0 / rate)),
+                    _ => None,
+                },
+                on: repointing.clone(),
             };
             let queues = topo.queues;
             std::thread::Builder::new()
                 .name("lab-edge".into())
-                .spawn(move || edge_loop(ring, flows, repoint, queues, out, until, &stop))?
+                .spawn(move || edge_loop(ring, flows, repoints, queues, out, until, &stop))?
         };
         Ok(Self {
             mode,
@@ -250,9 +257,17 @@ impl Edge {
             counters,
             off_rss,
             stop,
+            repointing,
             thread: Some(thread),
             reorderer,
         })
+    }
+
+    /// ATR mode: the table re-points flows (on) or leaves each where it
+    /// is (off, as a NIC whose ATR was switched off), while the upload
+    /// goes on: once what was queued has left, nothing more is reordered.
+    pub fn set_steering(&self, on: bool) {
+        self.repointing.store(on, Ordering::SeqCst);
     }
 
     /// Stops the edge's work and detaches its programs; what it did.
@@ -303,15 +318,23 @@ impl Drop for Edge {
 const TRUTH_BATCH: usize = 4096;
 
 /// Drains the ground truth and, in ATR mode, re-points the table.
+/// ATR mode's table: how often it re-points each flow, and whether it
+/// does now.
+struct Repoints {
+    period: Option<Duration>,
+    on: Arc<AtomicBool>,
+}
+
 fn edge_loop(
     mut ring: RingBuf<MapData>,
     mut flows: HashMap<MapData, u32, u32>,
-    repoint: Option<Duration>,
+    repoints: Repoints,
     queues: u32,
     mut out: TruthFile,
     until: Option<(Until, Arc<AtomicBool>)>,
     stop: &AtomicBool,
 ) -> Truth {
+    let repoint = repoints.period;
     let mut truth = Truth::default();
     let mut next = repoint.map(|p| Instant::now() + p);
     loop {
@@ -350,19 +373,22 @@ fn edge_loop(
         }
         if let (Some(at), Some(period)) = (next, repoint) {
             if Instant::now() >= at {
-                let ts_ns = crate::kernel::rings::monotonic_ns();
-                let entries: Vec<(u32, u32)> = flows.iter().filter_map(|e| e.ok()).collect();
-                for (key, queue) in entries {
-                    let to = (queue + 1) % queues.max(1);
-                    if flows.insert(key, to, 0).is_ok() {
-                        let change = TableChange {
-                            ts_ns,
-                            client_port: (key >> 16) as u16,
-                            from_queue: queue,
-                            to_queue: to,
-                        };
-                        out.write(&TruthRecord::TableChange(&change));
-                        truth.table_changes.push(change);
+                // (Switched off: the clock goes on, the table stays.)
+                if repoints.on.load(Ordering::SeqCst) {
+                    let ts_ns = crate::kernel::rings::monotonic_ns();
+                    let entries: Vec<(u32, u32)> = flows.iter().filter_map(|e| e.ok()).collect();
+                    for (key, queue) in entries {
+                        let to = (queue + 1) % queues.max(1);
+                        if flows.insert(key, to, 0).is_ok() {
+                            let change = TableChange {
+                                ts_ns,
+                                client_port: (key >> 16) as u16,
+                                from_queue: queue,
+                                to_queue: to,
+                            };
+                            out.write(&TruthRecord::TableChange(&change));
+                            truth.table_changes.push(change);
+                        }
                     }
                 }
                 next = Some(at + period);

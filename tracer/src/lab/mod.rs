@@ -759,6 +759,14 @@ impl Lab {
         Ok(())
     }
 
+    /// ATR mode: the edge's re-pointing on or off while the upload goes
+    /// on (a NIC whose ATR is switched off).
+    pub fn set_steering(&self, on: bool) {
+        if let Some(edge) = &self.edge {
+            edge.set_steering(on);
+        }
+    }
+
     /// The upload is over (finished, failed or stopped).
     pub fn finished(&self) -> bool {
         self.upload.as_ref().is_none_or(Upload::finished)
