@@ -50,6 +50,10 @@ pub struct EngineConfig {
     /// totals), so that what is tracked follows the live flows, not
     /// history. None: only the memory budget and `max_flows` retire them.
     pub idle_expiry_ns: Option<u64>,
+    /// Whether a flow the table gives up is replayed as it goes, its
+    /// replay summed into the totals (a long flow's replay takes the
+    /// collector seconds); `watch`, whose reports carry no replay, skips it.
+    pub replay_retired: bool,
 }
 
 impl Default for EngineConfig {
@@ -63,6 +67,7 @@ impl Default for EngineConfig {
             replay: ReplayConfig::default(),
             memory_budget: DEFAULT_MEMORY_BUDGET,
             idle_expiry_ns: None,
+            replay_retired: true,
         }
     }
 }

@@ -6,115 +6,19 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, ExitStatus},
-    sync::mpsc,
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
-use serde_json::Value;
 use tracer::{
     kernel,
     lab::{self, Lab, LabSpec},
 };
 
 mod common;
-use common::{read_one_connection, root_or_skip, said, send, signal, spawn_tracer, u};
-
-/// A report and where it was.
-type Report = (PathBuf, Value);
-
-/// `tracer watch` with one-second intervals into a directory of its own,
-/// each report read the moment its line names it (before the rotation
-/// can take it). Killed if the test fails before it ends (a watch waiting
-/// for its interface would wait forever); its directory removed.
-struct Watched {
-    child: Child,
-    reader: Option<JoinHandle<Vec<Report>>>,
-    /// Its other stderr lines.
-    rx: mpsc::Receiver<String>,
-    dir: PathBuf,
-}
-
-impl Watched {
-    /// `watch TARGET --interval 1 --reports DIR --metrics-addr 127.0.0.1:0
-    /// EXTRA`, DIR named after `name`.
-    fn start(target: &[&str], name: &str, extra: &[&str]) -> Self {
-        let dir = std::env::temp_dir().join(format!("tracer-watch-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let mut args = vec!["watch"];
-        args.extend(target);
-        args.extend([
-            "--interval",
-            "1",
-            "--reports",
-            dir.to_str().unwrap(),
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ]);
-        args.extend(extra);
-        let (child, lines) = spawn_tracer(&args);
-        let (tx, rx) = mpsc::channel();
-        let reader = std::thread::spawn(move || {
-            let mut read = Vec::new();
-            for line in lines {
-                if let Some(path) = line
-                    .strip_prefix("tracer: interval ")
-                    .and_then(|l| l.rsplit_once("; "))
-                    .map(|(_, p)| PathBuf::from(p))
-                {
-                    let text = std::fs::read_to_string(&path)
-                        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-                    read.push((path, serde_json::from_str(&text).unwrap()));
-                }
-                let _ = tx.send(line);
-            }
-            read
-        });
-        Self {
-            child,
-            reader: Some(reader),
-            rx,
-            dir,
-        }
-    }
-
-    /// On the lab's server interface.
-    fn on_server(lab: &Lab, name: &str, extra: &[&str]) -> Self {
-        Self::start(
-            &["--iface", lab::SERVER_IF, "--netns", &lab.topo.server_ns],
-            name,
-            extra,
-        )
-    }
-
-    fn said(&self, what: &str) -> String {
-        said(&self.rx, what)
-    }
-
-    /// Its end: how it exited, and every report it wrote, in order.
-    fn end(&mut self) -> (ExitStatus, Vec<Report>) {
-        let status = self.child.wait().unwrap();
-        (status, self.reader.take().unwrap().join().unwrap())
-    }
-}
-
-impl Drop for Watched {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// The bytes the flow to `to` moved, summed over the reports.
-fn bytes_to(read: &[Report], to: &str) -> u64 {
-    read.iter()
-        .flat_map(|(_, r)| r["flows"].as_array().unwrap().clone())
-        .filter(|f| f["dst"] == to)
-        .map(|f| u(&f["in_interval"]["seq_advance_bytes"]))
-        .sum()
-}
+use common::{
+    read_one_connection, root_or_skip, send, signal, u,
+    watched::{bytes_to, Watched},
+};
 
 /// The tracer's programs still loaded 5 s after its end (the kernel lets
 /// go of them asynchronously).
@@ -161,7 +65,7 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
     }
     const BYTES: usize = 4 << 20;
     let lab = plain_lab();
-    let mut w = Watched::on_server(&lab, "flap", &["--keep", "3", "--user", "nobody"]);
+    let mut w = Watched::on_server(&lab, "flap", "1", &["--keep", "3", "--user", "nobody"]);
     w.said("watching TCP received on");
     assert_eq!(send(&lab, 5501, BYTES), BYTES);
     w.said("tracer: interval ");
@@ -281,6 +185,7 @@ fn watch_keeps_only_the_capabilities_attaching_again_needs() {
         let mut w = Watched::start(
             &["--iface", "lo", "--filter", &filter],
             &port.to_string(),
+            "1",
             extra,
         );
         let first = w.rx.recv_timeout(Duration::from_secs(20)).unwrap();
@@ -313,7 +218,7 @@ fn without_capabilities_watch_still_sees_its_interface_go() {
     }
     const BYTES: usize = 1 << 20;
     let lab = plain_lab();
-    let mut w = Watched::on_server(&lab, "gone", &["--no-reattach", "--user", "nobody"]);
+    let mut w = Watched::on_server(&lab, "gone", "1", &["--no-reattach", "--user", "nobody"]);
     w.said("keeping no capability");
     assert_eq!(send(&lab, 5701, BYTES), BYTES);
     w.said("tracer: interval ");

@@ -75,6 +75,12 @@ enum Task {
         /// each policy's real goodput beside the replay's.
         #[arg(long, conflicts_with = "cells")]
         seed: bool,
+        /// Instead: `tracer watch` as a service for MINUTES over the ATR
+        /// lab with a real Prometheus: steering on and off (the alert
+        /// firing and resolving), interface flaps, churn; every interval's
+        /// report, no event lost, memory flat within the budget.
+        #[arg(long, value_name = "MINUTES", conflicts_with_all = ["cells", "seed"])]
+        soak: Option<f64>,
         /// Also write each lab run's JSON report into DIR (one file per
         /// run, named by experiment and run), to look at a run that strayed.
         #[arg(long, value_name = "DIR")]
@@ -180,12 +186,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             runs,
             cells,
             seed,
+            soak,
             keep,
             only,
         } => {
             setup()?;
             let keep = validate::Keep::new(keep)?;
-            if cells {
+            if let Some(minutes) = soak {
+                validate::soak(minutes)
+            } else if cells {
                 cells::run(runs, &only, cells::Table::Cells, &keep)
             } else if seed {
                 cells::run(runs, &only, cells::Table::Seed, &keep)

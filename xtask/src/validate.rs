@@ -660,3 +660,18 @@ fn lab_run(bin: &std::path::Path, e: &Experiment) -> Result<Value> {
     }
     Ok(report)
 }
+
+/// `--soak MINUTES`: the service soak, an integration test kept out of
+/// the suite for its length (`tracer/tests/soak.rs`), run alone with its
+/// output shown.
+pub fn soak(minutes: f64) -> Result<ExitCode> {
+    if !(minutes > 0.0 && minutes <= 24.0 * 60.0) {
+        bail!("--soak {minutes}: give 0 to 1440 minutes");
+    }
+    sh(cargo()
+        .args(["test", "--package", "tracer", "--test", "soak", "--"])
+        .args(["--ignored", "--exact", "--nocapture"])
+        .arg("watch_soaks_through_flaps_churn_and_steering_switched_on_and_off")
+        .env("TRACER_SOAK_MINUTES", minutes.to_string()))?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -19,7 +19,10 @@ use crate::{
 pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     let args = args.with_defaults()?;
     let opts = args.target.tracer_options(&args.trace)?;
-    let engine = args.trace.report.engine()?;
+    let mut engine = args.trace.report.engine()?;
+    // Its reports carry no replay: a retired flow is not replayed (a long
+    // one's replay held the collector up for seconds, and the ring filled).
+    engine.skip_replay_of_retired();
     // Root, or a service's user given the capabilities.
     privilege::may_attach()?;
     let watching = serde_json::json!({

@@ -183,6 +183,7 @@ impl Engine {
     fn retire_all(&mut self, gone: Vec<(Flow, FlowState)>) -> u64 {
         let ctx = super::FlowContext {
             replay: &self.cfg.replay,
+            replay_retired: self.cfg.replay_retired,
             link: &self.link,
             rss: self.rss.as_ref(),
         };

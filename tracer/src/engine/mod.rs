@@ -485,7 +485,8 @@ impl Retired {
         self.evictions += 1;
         self.flows_held -= old.held;
         self.totals.add_flow(flow, old, ctx.rss);
-        if let Some(r) = old.replay(ctx.replay, ctx.link) {
+        let replayed = ctx.replay_retired.then(|| old.replay(ctx.replay, ctx.link));
+        if let Some(r) = replayed.flatten() {
             let t = &mut self.totals.replay;
             *t = Some(Replay::total(t.iter().chain([&r])));
         }
@@ -569,6 +570,12 @@ impl Engine {
         self.rss.as_ref()
     }
 
+    /// Flows given up from here on are not replayed as they go
+    /// ([`EngineConfig::replay_retired`]).
+    pub fn skip_replay_of_retired(&mut self) {
+        self.cfg.replay_retired = false;
+    }
+
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
@@ -584,6 +591,7 @@ impl Engine {
     fn flow(&mut self, flow: Flow, ts_ns: u64) -> &mut FlowState {
         let ctx = FlowContext {
             replay: &self.cfg.replay,
+            replay_retired: self.cfg.replay_retired,
             link: &self.link,
             rss: self.rss.as_ref(),
         };
@@ -634,6 +642,7 @@ impl Engine {
         } = self;
         let ctx = FlowContext {
             replay: &cfg.replay,
+            replay_retired: cfg.replay_retired,
             link,
             rss: rss.as_ref(),
         };
@@ -933,6 +942,8 @@ impl Engine {
 /// What a flow leaving the table is replayed and checked with.
 struct FlowContext<'a> {
     replay: &'a ReplayConfig,
+    /// [`EngineConfig::replay_retired`].
+    replay_retired: bool,
     link: &'a Link,
     rss: Option<&'a Rss>,
 }

@@ -384,9 +384,10 @@ fn idle_flows_expire_and_their_counts_stay_in_the_totals() {
 
 #[test]
 fn evicted_flows_replays_stay_in_the_totals() {
-    let run = |max_flows| {
+    let run = |max_flows, replay_retired| {
         let mut e = Engine::new(EngineConfig {
             max_flows,
+            replay_retired,
             ..Default::default()
         });
         for port in 1..=5 {
@@ -410,13 +411,19 @@ fn evicted_flows_replays_stay_in_the_totals() {
             .collect();
         (s.evicted_flows, classic(&s.totals.replay), flows)
     };
-    let (evicted, all, flows) = run(10);
+    let (evicted, all, flows) = run(10, true);
     assert_eq!((evicted, flows.len()), (0, 5));
     assert!(all.0 >= 5 && all.1 >= 5, "{all:?}");
     // Two of the five evicted: the totals still hold their replays.
-    let (evicted, bounded, flows) = run(3);
+    let (evicted, bounded, flows) = run(3, true);
     assert_eq!((evicted, flows.len()), (2, 3));
     assert_eq!(bounded, all);
+    // Unless retired flows go unreplayed (`watch`): the three tracked
+    // flows' replays alone, each as it was.
+    let (evicted, tracked, flows) = run(3, false);
+    assert_eq!((evicted, flows.len()), (2, 3));
+    let one = flows[0];
+    assert_eq!(tracked, (one.0 * 3, one.1 * 3));
     // The live view replays nothing, evicted or not.
     let mut e = Engine::new(EngineConfig {
         max_flows: 1,

@@ -211,18 +211,8 @@ impl Edge {
                 .try_into()?;
             tc.load()
                 .map_err(|e| kernel::rejected("edge_egress", "tc", e))?;
-            // Before tcx (Linux 6.6), through a clsact qdisc and a netlink
-            // filter, which go with the namespace.
-            let how = if kernel.tcx {
-                TcAttachOptions::TcxOrder(LinkOrder::default())
-            } else {
-                tc::qdisc_add_clsact(EDGE_SERVER_IF)
-                    .with_context(|| format!("adding a clsact qdisc to {EDGE_SERVER_IF}"))?;
-                TcAttachOptions::Netlink(NlOptions::default())
-            };
-            tc.attach_with_options(EDGE_SERVER_IF, TcAttachType::Egress, how)
-                .with_context(|| format!("attaching edge_egress to {EDGE_SERVER_IF} egress"))?;
         }
+        attach_egress(&mut ebpf, topo)?;
         let ring = RingBuf::try_from(ebpf.take_map("TRUTH").context("no TRUTH map")?)?;
         let flows = HashMap::try_from(ebpf.take_map("FLOWS").context("no FLOWS map")?)?;
         let counters = PerCpuArray::try_from(
@@ -268,6 +258,13 @@ impl Edge {
     /// goes on: once what was queued has left, nothing more is reordered.
     pub fn set_steering(&self, on: bool) {
         self.repointing.store(on, Ordering::SeqCst);
+    }
+
+    /// After the edge's link to the server was made again
+    /// ([`Topology::relink_server`]): its egress program on the new link,
+    /// so that flows follow the table's queues again.
+    pub fn reattach_egress(&mut self, topo: &Topology) -> Result<()> {
+        attach_egress(self.ebpf.as_mut().context("the edge is finished")?, topo)
     }
 
     /// Stops the edge's work and detaches its programs; what it did.
@@ -318,6 +315,28 @@ impl Drop for Edge {
 const TRUTH_BATCH: usize = 4096;
 
 /// Drains the ground truth and, in ATR mode, re-points the table.
+/// Attaches the loaded `edge_egress` to the edge's link to the server
+/// (inside the edge's namespace). Before tcx (Linux 6.6), through a
+/// clsact qdisc and a netlink filter, which go with the link.
+fn attach_egress(ebpf: &mut Ebpf, topo: &Topology) -> Result<()> {
+    let kernel = KernelFeatures::running()?;
+    let _in_edge = NetnsGuard::enter(&topo.edge_ns)?;
+    let tc: &mut SchedClassifier = ebpf
+        .program_mut("edge_egress")
+        .context("no edge_egress program")?
+        .try_into()?;
+    let how = if kernel.tcx {
+        TcAttachOptions::TcxOrder(LinkOrder::default())
+    } else {
+        tc::qdisc_add_clsact(EDGE_SERVER_IF)
+            .with_context(|| format!("adding a clsact qdisc to {EDGE_SERVER_IF}"))?;
+        TcAttachOptions::Netlink(NlOptions::default())
+    };
+    tc.attach_with_options(EDGE_SERVER_IF, TcAttachType::Egress, how)
+        .with_context(|| format!("attaching edge_egress to {EDGE_SERVER_IF} egress"))?;
+    Ok(())
+}
+
 /// ATR mode's table: how often it re-points each flow, and whether it
 /// does now.
 struct Repoints {

@@ -293,8 +293,8 @@ impl Topology {
 
     /// Makes the edge -> server link again after it was deleted (the
     /// server's interface going away and coming back, as a NIC's driver
-    /// reload does). The lab's edge programs on it are not put back: the
-    /// edge then forwards plainly.
+    /// reload does). The lab's edge programs on it are not put back (the
+    /// edge then forwards plainly): [`Lab::relink_server`] does that too.
     pub fn relink_server(&self) -> Result<()> {
         self.link_server()
     }
@@ -756,6 +756,17 @@ impl Lab {
             self.enough.clone(),
             &self.spec.senders,
         )?);
+        Ok(())
+    }
+
+    /// Makes the server's link again after it was deleted, as a driver
+    /// reload would, with the edge's programs on it (unlike
+    /// [`Topology::relink_server`] alone).
+    pub fn relink_server(&mut self) -> Result<()> {
+        self.topo.relink_server()?;
+        if let Some(edge) = self.edge.as_mut() {
+            edge.reattach_egress(&self.topo)?;
+        }
         Ok(())
     }
 

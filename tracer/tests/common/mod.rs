@@ -16,6 +16,8 @@ use tracer::{
 };
 
 mod host;
+pub mod prometheus;
+pub mod watched;
 #[allow(unused_imports)] // (not every test target uses both)
 pub use host::{guests_or_skip, root_or_skip, under_tcg};
 
