@@ -74,6 +74,11 @@ pub fn dist() -> Result<PathBuf> {
         &usr.join("share/tracer/prometheus/alerts.yml"),
         0o644,
     )?;
+    copy(
+        &root.join("deploy/grafana/tracer.json"),
+        &usr.join("share/tracer/grafana/tracer.json"),
+        0o644,
+    )?;
     gzip(
         &root.join("README.md"),
         &usr.join("share/doc/tracer/README.md.gz"),

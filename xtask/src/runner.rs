@@ -152,19 +152,28 @@ pub fn build() -> Result<Build> {
     })
 }
 
-/// The tests in a test binary (`--list` runs none).
+/// The tests in a test binary (`--list` runs none), but those marked
+/// `#[ignore]` (`cargo xtask validate` runs those).
 pub fn list(exe: &Path) -> Result<Vec<String>> {
-    let out = Command::new(exe)
-        .args(["--list", "--format", "terse"])
-        .output()
-        .with_context(|| format!("listing the tests of {}", exe.display()))?;
-    if !out.status.success() {
-        bail!("{} --list failed ({})", exe.display(), out.status);
-    }
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_suffix(": test"))
-        .map(String::from)
+    let names = |ignored: bool| -> Result<Vec<String>> {
+        let out = Command::new(exe)
+            .args(["--list", "--format", "terse"])
+            .args(ignored.then_some("--ignored"))
+            .output()
+            .with_context(|| format!("listing the tests of {}", exe.display()))?;
+        if !out.status.success() {
+            bail!("{} --list failed ({})", exe.display(), out.status);
+        }
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.strip_suffix(": test"))
+            .map(String::from)
+            .collect())
+    };
+    let ignored = names(true)?;
+    Ok(names(false)?
+        .into_iter()
+        .filter(|n| !ignored.contains(n))
         .collect())
 }
 
