@@ -33,19 +33,15 @@ fn the_steering_alert_fires_and_resolves_and_every_panel_answers() {
         },
         4,
     );
-    // Bounded: 2 x 16 GiB or two minutes; the test ends it well before.
     spec.flows = 2;
-    spec.bytes_per_flow = 16 << 30;
-    spec.timeout = Duration::from_secs(120);
+    // Bounded: 2 x 128 GiB or five minutes, more than the two 90-second
+    // waits below can use even at 10 Gbit/s: the upload is still going
+    // when the alert resolves.
+    spec.bytes_per_flow = 128 << 30;
+    spec.timeout = Duration::from_secs(300);
     let mut lab = Lab::create(&spec).expect("lab");
     let mut watch = Watched::on_server(&lab, "fleet", "5", &[]);
-    let metrics = watch.said("metrics at http://");
-    let target = metrics
-        .split("metrics at http://")
-        .nth(1)
-        .and_then(|t| t.split('/').next())
-        .unwrap()
-        .to_string();
+    let target = watch.metrics_target();
     let prometheus = Prometheus::start(&target, &rules_in_seconds());
     lab.start_upload().unwrap();
 

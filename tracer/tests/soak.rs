@@ -498,13 +498,7 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
             "20",
         ],
     );
-    let metrics = w.said("metrics at http://");
-    let target = metrics
-        .split("metrics at http://")
-        .nth(1)
-        .and_then(|t| t.split('/').next())
-        .unwrap()
-        .to_string();
+    let target = w.metrics_target();
     let prometheus = Prometheus::start(&target, &rules_in_seconds());
     let (stop, pause, idle) = (
         Arc::new(AtomicBool::new(false)),

@@ -80,6 +80,13 @@ impl Watched {
         )
     }
 
+    /// ADDR of its "metrics at http://ADDR/metrics" line.
+    pub fn metrics_target(&self) -> String {
+        let line = self.said("metrics at http://");
+        let (_, url) = line.split_once("metrics at http://").unwrap();
+        url.split('/').next().unwrap().to_string()
+    }
+
     pub fn said(&self, what: &str) -> String {
         said(&self.rx, what)
     }
