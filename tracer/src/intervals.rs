@@ -10,10 +10,10 @@
 //! (which may step).
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap},
     fs,
     io::Write,
-    os::unix::fs::{DirBuilderExt, OpenOptionsExt},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -25,9 +25,9 @@ use serde_json::{json, Map, Value};
 
 use crate::{
     nic::fix::Fix,
+    output::KeptFiles,
     snapshot::{FlowReport, Memory, Reordering, Snapshot, Spread, TcpLayer, Verdict},
     source::Flow,
-    SetupError,
 };
 
 /// The flows one file lists at most: the most reordered in the interval,
@@ -177,14 +177,10 @@ struct Span {
 
 /// The directory and what this run wrote to it.
 pub struct Intervals {
-    dir: PathBuf,
-    keep: usize,
+    files: KeptFiles,
     every: Duration,
     /// What names the source in every file (host, interface, mode).
     watching: Value,
-    /// The directory's interval files, oldest first: those found at the
-    /// start (by name), then this run's in the order written.
-    files: VecDeque<PathBuf>,
     number: u64,
     began: Instant,
     began_at: Timestamp,
@@ -204,51 +200,26 @@ impl Intervals {
     /// made in it; interval files already there beyond `keep` go. The
     /// first interval begins now.
     pub fn open(dir: &Path, keep: usize, every: Duration, watching: Value) -> Result<Self> {
-        let mut me = Self {
-            dir: dir.to_path_buf(),
-            keep,
+        Ok(Self {
+            files: KeptFiles::open(dir, keep, "interval-", ".json")?,
             every,
             watching,
-            files: VecDeque::new(),
             number: 0,
             began: Instant::now(),
             began_at: Timestamp::now(),
             previous: Previous::default(),
             failed: 0,
-        };
-        me.reopen().map_err(|e| SetupError::BadOutput {
-            path: dir.display().to_string(),
-            reason: format!("{e:#}"),
-        })?;
-        Ok(me)
+        })
     }
 
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.files.dir()
     }
 
     /// Makes the directory again if it went, and takes its interval files
     /// as they are now (some may have been moved away): on SIGHUP.
     pub fn reopen(&mut self) -> Result<()> {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(&self.dir)
-            .context("making the directory")?;
-        let probe = self.dir.join(".tracer-probe");
-        fs::write(&probe, b"").context("making a file in it")?;
-        let _ = fs::remove_file(&probe);
-        let mut found: Vec<PathBuf> = fs::read_dir(&self.dir)
-            .context("reading it")?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| is_interval_file(p))
-            .collect();
-        found.sort();
-        let ours: Vec<PathBuf> = self.files.drain(..).filter(|p| p.exists()).collect();
-        found.retain(|p| !ours.contains(p));
-        self.files = found.into_iter().chain(ours).collect();
-        self.prune();
-        Ok(())
+        self.files.reopen()
     }
 
     /// Whether the interval under way has lasted its length.
@@ -265,12 +236,11 @@ impl Intervals {
         let ended_at = Timestamp::now();
         let (report, next) = self.report(s, now, ended_at, last);
         let line = self.line(&report);
-        let name = format!(
-            "{PREFIX}{}-{:06}.json",
+        let path = self.files.path(&format!(
+            "{}-{:06}",
             ended_at.strftime("%Y%m%dT%H%M%SZ"),
             self.number + 1
-        );
-        let path = self.dir.join(name);
+        ));
         if let Err(e) = write_whole(&path, &report) {
             self.failed += 1;
             return Err(e).with_context(|| format!("writing {}", path.display()));
@@ -279,8 +249,7 @@ impl Intervals {
         self.began = now;
         self.began_at = ended_at;
         self.previous = next;
-        self.files.push_back(path.clone());
-        self.prune();
+        self.files.made(path.clone());
         Ok(Written { path, line })
     }
 
@@ -409,29 +378,6 @@ impl Intervals {
             verdicts.join(", "),
         )
     }
-
-    /// The oldest files go while there are more than `keep`.
-    fn prune(&mut self) {
-        while self.files.len() > self.keep {
-            let old = self.files.pop_front().expect("more than keep");
-            if let Err(e) = fs::remove_file(&old) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    log::warn!(
-                        "could not remove the old interval report {}: {e}",
-                        old.display()
-                    );
-                }
-            }
-        }
-    }
-}
-
-const PREFIX: &str = "interval-";
-
-fn is_interval_file(p: &Path) -> bool {
-    p.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(".json"))
 }
 
 /// Writes `v` to a hidden file beside `path` (mode 0640), then renames it.
@@ -463,36 +409,6 @@ fn write_whole(path: &Path, v: &Value) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Interval files found at the start beyond `keep` go, the oldest by
-    /// name first; other files stay; a directory removed is made again on
-    /// reopening, its files taken as they are.
-    #[test]
-    fn the_directory_keeps_the_latest_interval_files_alone() {
-        let dir = std::env::temp_dir().join(format!("tracer-intervals-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).unwrap();
-        let names = [
-            "interval-20261201T000000Z-000001.json",
-            "interval-20261203T000000Z-000001.json",
-            "interval-20261202T000000Z-000009.json",
-            "notes.json",
-        ];
-        for n in names {
-            fs::write(dir.join(n), "{}").unwrap();
-        }
-        let mut iv = Intervals::open(&dir, 2, Duration::from_secs(60), Value::Null).unwrap();
-        let mut left: Vec<String> = fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
-        assert_eq!(left, [names[2], names[1], names[3]]);
-        fs::remove_dir_all(&dir).unwrap();
-        iv.reopen().unwrap();
-        assert!(dir.is_dir() && iv.files.is_empty());
-        fs::remove_dir_all(&dir).unwrap();
-    }
 
     /// A count that went down (the flow retired and seen again) counts
     /// from zero; the rest grow by the difference.

@@ -3,12 +3,17 @@
 //! ports), opened before anything is attached so that a bad path fails
 //! first, and truncated only once the run has started: a run that fails to
 //! start neither clobbers an existing file nor leaves a new empty one.
+//! And the directories a service writes files into without end, keeping
+//! the latest ([`KeptFiles`]).
 
 use std::{
-    fs::{File, OpenOptions},
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    collections::VecDeque,
+    fs::{self, File, OpenOptions},
+    os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt},
     path::{Path, PathBuf},
 };
+
+use anyhow::{Context, Result};
 
 use crate::SetupError;
 
@@ -65,9 +70,150 @@ impl Drop for OutputFile {
     }
 }
 
+/// A directory of files of one kind (named `PREFIX...SUFFIX`) that keeps
+/// the latest `keep`, the oldest removed first: `watch`'s interval reports
+/// and its pcapng ring. Oldest means those found when (re)opened, by name
+/// (names begin with their time), then this run's in the order made: a
+/// clock stepped back cannot make a new file look old.
+pub struct KeptFiles {
+    dir: PathBuf,
+    keep: usize,
+    prefix: &'static str,
+    suffix: &'static str,
+    files: VecDeque<PathBuf>,
+}
+
+impl KeptFiles {
+    /// Makes `dir` (mode 0750) if missing and checks that files can be
+    /// made in it; its files of this kind beyond `keep` go.
+    pub fn open(
+        dir: &Path,
+        keep: usize,
+        prefix: &'static str,
+        suffix: &'static str,
+    ) -> Result<Self, SetupError> {
+        let mut me = Self {
+            dir: dir.to_path_buf(),
+            keep,
+            prefix,
+            suffix,
+            files: VecDeque::new(),
+        };
+        me.reopen().map_err(|e| SetupError::BadOutput {
+            path: dir.display().to_string(),
+            reason: format!("{e:#}"),
+        })?;
+        Ok(me)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `PREFIX{middle}SUFFIX` in the directory.
+    pub fn path(&self, middle: &str) -> PathBuf {
+        self.dir
+            .join(format!("{}{middle}{}", self.prefix, self.suffix))
+    }
+
+    /// Makes the directory again if it went, and takes its files as they
+    /// are now (some may have been moved away): on SIGHUP.
+    pub fn reopen(&mut self) -> Result<()> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(&self.dir)
+            .context("making the directory")?;
+        let probe = self.dir.join(".tracer-probe");
+        fs::write(&probe, b"").context("making a file in it")?;
+        let _ = fs::remove_file(&probe);
+        let mut found: Vec<PathBuf> = fs::read_dir(&self.dir)
+            .context("reading it")?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| self.is_one(p))
+            .collect();
+        found.sort();
+        let ours: Vec<PathBuf> = self.files.drain(..).filter(|p| p.exists()).collect();
+        found.retain(|p| !ours.contains(p));
+        self.files = found.into_iter().chain(ours).collect();
+        self.prune();
+        Ok(())
+    }
+
+    /// `path` was made (the newest); the oldest go while there are more
+    /// than `keep`: those removed.
+    pub fn made(&mut self, path: PathBuf) -> Vec<PathBuf> {
+        self.files.push_back(path);
+        self.prune()
+    }
+
+    /// The files kept, oldest first.
+    pub fn files(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(PathBuf::as_path)
+    }
+
+    fn prune(&mut self) -> Vec<PathBuf> {
+        let mut removed = Vec::new();
+        while self.files.len() > self.keep {
+            let old = self.files.pop_front().expect("more than keep");
+            match fs::remove_file(&old) {
+                Ok(()) => removed.push(old),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => log::warn!("could not remove the old file {}: {e}", old.display()),
+            }
+        }
+        removed
+    }
+
+    fn is_one(&self, p: &Path) -> bool {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(self.prefix) && n.ends_with(self.suffix))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Files of its kind found at the start beyond `keep` go, the oldest by
+    /// name first; other files stay; the newest made push out the oldest;
+    /// a directory removed is made again on reopening, its files taken as
+    /// they are.
+    #[test]
+    fn a_directory_keeps_the_latest_files_of_its_kind_alone() {
+        let dir = std::env::temp_dir().join(format!("tracer-kept-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let names = [
+            "interval-20261201T000000Z-000001.json",
+            "interval-20261203T000000Z-000001.json",
+            "interval-20261202T000000Z-000009.json",
+            "notes.json",
+        ];
+        for n in names {
+            fs::write(dir.join(n), "{}").unwrap();
+        }
+        let mut kept = KeptFiles::open(&dir, 2, "interval-", ".json").unwrap();
+        let listed = || {
+            let mut left: Vec<String> = fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            left.sort();
+            left
+        };
+        assert_eq!(listed(), [names[2], names[1], names[3]]);
+        // Named as if older (a clock stepped back): still the newest.
+        let new = kept.path("20261101T000000Z-000001");
+        fs::write(&new, "{}").unwrap();
+        assert_eq!(kept.made(new.clone()), [dir.join(names[2])]);
+        assert_eq!(kept.files().collect::<Vec<_>>(), [dir.join(names[1]), new]);
+        fs::remove_dir_all(&dir).unwrap();
+        kept.reopen().unwrap();
+        assert!(dir.is_dir() && kept.files().next().is_none());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn is_private_and_keeps_what_was_there_until_started() {

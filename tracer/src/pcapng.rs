@@ -24,17 +24,24 @@
 //! naming what follows. Blocks are written whole and the file
 //! is flushed every second: after a crash it reads up to its last complete
 //! block, and the reader says where it ends.
+//!
+//! `watch --pcapng DIR` writes a ring instead ([`PcapngWriter::ring`], as
+//! `tcpdump -C -W`): files of at most M MiB, the latest N kept, each a
+//! whole trace of its own (section, interfaces, statistics at its end).
 
 use std::{
-    fs::File,
+    fs::{File, OpenOptions},
     io::{BufWriter, Write},
+    os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use anyhow::Result;
+use jiff::Timestamp;
 
 use crate::{
     kernel::{Counters, KernelReport},
+    output::KeptFiles,
     sink::Sink,
     source::{
         format::{block, custom, exported_pdu, linktype, opt, BYTE_ORDER, PCAPNG_SHB},
@@ -45,23 +52,34 @@ use crate::{
 use tracer_common::{counter, CAPTURE_MAX};
 
 /// The traced interface, as the file describes it.
-pub struct Interface<'a> {
-    pub name: &'a str,
+pub struct Interface {
+    pub name: String,
     /// Said in the interface's description (e.g. "veth-s in netns lab").
-    pub description: &'a str,
+    pub description: String,
     pub ifindex: u32,
     /// The kernel traced on: the section says its release (`shb_os`) and,
     /// in a custom option, what it lacks.
-    pub kernel: &'a KernelReport,
+    pub kernel: KernelReport,
 }
 
 pub struct PcapngWriter {
     path: PathBuf,
     out: BufWriter<File>,
-    /// Bytes handed to `out` (whole blocks).
+    iface: Interface,
+    /// Bytes handed to `out` (whole blocks), this file.
     written: u64,
+    /// Packets and TCP-layer records, all files.
     packets: u64,
     records: u64,
+    /// Those of earlier files.
+    packets_before: u64,
+    records_before: u64,
+    /// The kernel's counters when last flushed: a ring file's closing
+    /// statistics.
+    counters: Counters,
+    /// This file's section and interface headers.
+    header_bytes: u64,
+    ring: Option<Ring>,
     /// Wall clock minus CLOCK_MONOTONIC, ns: added to the kernel's times.
     clock_offset: i64,
     started_ns: u64,
@@ -75,7 +93,7 @@ impl PcapngWriter {
     /// Starts the trace in `file` (an [`crate::output::OutputFile`]
     /// started once the tracer is attached): the section and interface
     /// headers, naming the traced interface, and the clock's offset.
-    pub fn create(path: &Path, file: File, iface: &Interface) -> Result<Self> {
+    pub fn create(path: &Path, file: File, iface: Interface) -> Result<Self> {
         let (wall, mono) = (
             clock_ns(libc::CLOCK_REALTIME),
             clock_ns(libc::CLOCK_MONOTONIC),
@@ -83,33 +101,136 @@ impl PcapngWriter {
         let mut w = Self {
             path: path.to_path_buf(),
             out: BufWriter::with_capacity(1 << 20, file),
+            iface,
             written: 0,
             packets: 0,
             records: 0,
+            packets_before: 0,
+            records_before: 0,
+            counters: Counters::default(),
+            header_bytes: 0,
+            ring: None,
             clock_offset: wall as i64 - mono as i64,
             started_ns: wall,
             block: Vec::with_capacity(CAPTURE_MAX + 256),
             failed: None,
         };
-        w.begin(iface)?;
+        w.begin()?;
         Ok(w)
     }
 
-    fn begin(&mut self, iface: &Interface) -> Result<()> {
+    /// The trace as a ring in `kept`'s directory: files
+    /// `trace-TIME-NUMBER.pcapng` of at most `file_bytes` each (mode 0600),
+    /// the latest kept (those of an earlier run found there count among
+    /// them, the oldest removed first).
+    pub fn ring(kept: KeptFiles, file_bytes: u64, iface: Interface) -> Result<Self> {
+        let dir = kept.dir().to_path_buf();
+        let mut ring = Ring {
+            kept,
+            file_bytes,
+            number: 0,
+        };
+        let (path, file) = ring.next().map_err(|e| SetupError::BadOutput {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let mut w = Self::create(&path, file, iface)?;
+        ring.made(&path);
+        w.ring = Some(ring);
+        Ok(w)
+    }
+
+    /// The traced interface came back (a new one, of the same name): a
+    /// ring begins its next file, naming it.
+    pub fn attached_again(&mut self, ifindex: u32) {
+        self.iface.ifindex = ifindex;
+        if self.ring.is_some() {
+            self.next_file();
+        }
+    }
+
+    /// Ends the ring's file under way (its statistics; a line on stderr)
+    /// and begins the next; the oldest beyond the ring's count go. A file
+    /// that cannot be made is said once, and each second tries again.
+    fn next_file(&mut self) {
+        let ended = self.failed.is_none().then(|| {
+            let counters = self.counters;
+            let isb = self.statistics(&counters);
+            self.put(isb);
+            self.flush_out();
+            format!(
+                "{}: {} packets, {} TCP-layer records, {} bytes",
+                self.path.display(),
+                self.packets - self.packets_before,
+                self.records - self.records_before,
+                self.written
+            )
+        });
+        let ring = self.ring.as_mut().expect("a ring");
+        let (path, file) = match ring.next() {
+            Ok(next) => next,
+            Err(e) => {
+                if self.failed.is_none() {
+                    self.fail(e);
+                }
+                return;
+            }
+        };
+        let removed = ring.made(&path);
+        let resumed = self.failed.take().is_some();
+        self.path = path;
+        self.out = BufWriter::with_capacity(1 << 20, file);
+        self.written = 0;
+        (self.packets_before, self.records_before) = (self.packets, self.records);
+        self.started_ns = clock_ns(libc::CLOCK_REALTIME);
+        // A failure here is kept, said, and retried as any other.
+        let _ = self.begin();
+        let removed: String = removed
+            .iter()
+            .map(|p| format!("; removed {}", p.display()))
+            .collect();
+        match ended {
+            Some(ended) => eprintln!(
+                "tracer: pcapng {ended}; next {}{removed}",
+                self.path.display()
+            ),
+            None if resumed => eprintln!(
+                "tracer: pcapng: writing again, to {}{removed}",
+                self.path.display()
+            ),
+            None => {}
+        }
+    }
+
+    /// A ring's file ends before a block of `len` bytes would leave no
+    /// room for its closing statistics: none is over the ring's size.
+    fn make_room(&mut self, len: usize) {
+        let full = self.ring.as_ref().is_some_and(|r| {
+            self.written > self.header_bytes
+                && self.written + len as u64 + CLOSING_ROOM > r.file_bytes
+        });
+        if full {
+            self.next_file();
+        }
+    }
+
+    /// The section and interface headers, naming the traced interface.
+    fn begin(&mut self) -> Result<()> {
+        let kernel = &self.iface.kernel;
         let mut b = Blocks::new(PCAPNG_SHB);
         b.u32(BYTE_ORDER);
         b.u16(1);
         b.u16(0);
         b.u64(u64::MAX); // section length: not given
         b.option_str(opt::COMMENT, COMMENT);
-        b.option_str(opt::SHB_OS, &format!("Linux {}", iface.kernel.release));
+        b.option_str(opt::SHB_OS, &format!("Linux {}", kernel.release));
         b.option_str(
             opt::SHB_USERAPPL,
             concat!("tracer ", env!("CARGO_PKG_VERSION")),
         );
         let mut linux = custom::PEN.to_ne_bytes().to_vec();
         linux.extend(custom::LINUX);
-        linux.extend(custom::linux_lines(iface.kernel).as_bytes());
+        linux.extend(custom::linux_lines(kernel).as_bytes());
         b.option(opt::CUSTOM_BINARY, &linux);
         b.end_options();
         self.put(b);
@@ -117,21 +238,29 @@ impl PcapngWriter {
         let mut meta = custom::PEN.to_ne_bytes().to_vec();
         meta.extend(custom::META);
         meta.extend(self.clock_offset.to_ne_bytes());
-        meta.extend(iface.ifindex.to_ne_bytes());
-        self.interface(linktype::ETHERNET, iface.name, iface.description, &meta);
+        meta.extend(self.iface.ifindex.to_ne_bytes());
+        let traced = Self::interface(
+            linktype::ETHERNET,
+            &self.iface.name,
+            &self.iface.description,
+            &meta,
+        );
+        self.put(traced);
         let mut records = custom::PEN.to_ne_bytes().to_vec();
         records.extend(custom::RECORD);
-        self.interface(
+        let records = Self::interface(
             linktype::UPPER_PDU,
             "tcp-layer",
             "the kernel's TCP-layer events (tcp_probe, tcp_retransmit_skb) as tracer records, for `tracer analyze`",
             &records,
         );
+        self.put(records);
+        self.header_bytes = self.written;
         self.flush_out();
         self.check()
     }
 
-    fn interface(&mut self, linktype: u32, name: &str, description: &str, ours: &[u8]) {
+    fn interface(linktype: u32, name: &str, description: &str, ours: &[u8]) -> Blocks {
         let mut b = Blocks::new(block::IDB);
         b.u16(linktype as u16);
         b.u16(0);
@@ -141,7 +270,7 @@ impl PcapngWriter {
         b.option(opt::IF_TSRESOL, &[9]);
         b.option(opt::CUSTOM_BINARY, ours);
         b.end_options();
-        self.put(b);
+        b
     }
 
     /// Packets written, and TCP-layer records.
@@ -149,8 +278,14 @@ impl PcapngWriter {
         (self.packets, self.records)
     }
 
+    /// The file under way.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A ring's directory and the files this run began in it.
+    pub fn ring_files(&self) -> Option<(&Path, u64)> {
+        self.ring.as_ref().map(|r| (r.kept.dir(), r.number))
     }
 
     /// What went wrong writing, if anything: one line for the summary.
@@ -187,6 +322,7 @@ impl PcapngWriter {
             b.option(opt::CUSTOM_BINARY, &n);
         }
         b.end_options();
+        self.make_room(b.len());
         self.block = self.put(b);
         self.packets += 1;
     }
@@ -211,11 +347,14 @@ impl PcapngWriter {
         b.bytes(raw);
         b.pad();
         b.end_options();
+        self.make_room(b.len());
         self.block = self.put(b);
         self.records += 1;
     }
 
-    fn statistics(&mut self, c: &Counters) {
+    /// An interface statistics block: the kernel's counters `c`, the
+    /// packets written so far (all files).
+    fn statistics(&self, c: &Counters) -> Blocks {
         let mut b = Blocks::new(block::ISB);
         let now = clock_ns(libc::CLOCK_REALTIME);
         b.u32(0);
@@ -246,7 +385,7 @@ impl PcapngWriter {
         }
         b.option(opt::CUSTOM_BINARY, &words);
         b.end_options();
-        self.put(b);
+        b
     }
 
     fn wall_ns(&self, mono_ns: u64) -> u64 {
@@ -314,11 +453,32 @@ impl Sink for PcapngWriter {
     /// for the summary ([`PcapngWriter::failure`]), not raised: the run and
     /// its report go on.
     fn flush(&mut self, counters: &Counters) -> Result<()> {
+        self.counters = *counters;
         if self.failed.is_none() {
-            self.statistics(counters);
-            self.flush_out();
+            let isb = self.statistics(counters);
+            self.make_room(isb.len());
+            if self.failed.is_none() {
+                self.put(isb);
+                self.flush_out();
+            }
+        } else if self.ring.is_some() {
+            self.next_file();
         }
         Ok(())
+    }
+
+    /// A ring makes its directory again if it went, takes its files as
+    /// they are and begins its next file; a single trace goes on.
+    fn reopen(&mut self) -> Result<()> {
+        let Some(ring) = self.ring.as_mut() else {
+            return Ok(());
+        };
+        ring.kept.reopen()?;
+        self.next_file();
+        match self.failure() {
+            Some(f) => Err(anyhow::anyhow!(f)),
+            None => Ok(()),
+        }
     }
 }
 
@@ -326,6 +486,44 @@ const COMMENT: &str = "recorded by tracer: TCP segments received, tagged in the 
 (interface 0): RX queue in epb_queue (frame.interface_queue), CPU in a custom option (PEN 32473); \
 the kernel's TCP-layer events on interface 1 (tcp_probe, retransmissions); kernel counters in \
 the statistics blocks";
+
+/// `watch --pcapng`'s files: where they go, how big each may grow.
+struct Ring {
+    kept: KeptFiles,
+    file_bytes: u64,
+    /// Files begun by this run.
+    number: u64,
+}
+
+impl Ring {
+    /// The next file, made (mode 0600) and named by its start and number.
+    fn next(&mut self) -> std::io::Result<(PathBuf, File)> {
+        let path = self.kept.path(&format!(
+            "{}-{:06}",
+            Timestamp::now().strftime("%Y%m%dT%H%M%SZ"),
+            self.number + 1
+        ));
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)?;
+        self.number += 1;
+        Ok((path, file))
+    }
+
+    /// `path` begun: the files beyond the ring's count removed.
+    fn made(&mut self, path: &Path) -> Vec<PathBuf> {
+        self.kept.made(path.to_path_buf())
+    }
+}
+
+/// The ring's files are named `trace-TIME-NUMBER.pcapng`.
+pub const RING_PREFIX: &str = "trace-";
+
+/// What a ring's file keeps free for its closing statistics block (about
+/// 500 bytes: its counters and a comment).
+const CLOSING_ROOM: u64 = 4096;
 
 /// The interface the kernel records are written on.
 const RECORDS_INTERFACE: u32 = 1;
@@ -349,6 +547,11 @@ struct Blocks(Vec<u8>);
 impl Blocks {
     fn new(kind: u32) -> Self {
         Self::reuse(kind, Vec::with_capacity(256))
+    }
+
+    /// Its length once finished.
+    fn len(&self) -> usize {
+        self.0.len() + 4
     }
 
     fn reuse(kind: u32, mut buf: Vec<u8>) -> Self {

@@ -174,16 +174,10 @@ pub fn run(
                 let s = engine.live_snapshot(0, None).with_nic(nic_now(&opts.nic));
                 m.update(&s, &counters, resident().0);
             }
+            if HANGUP.swap(false, Ordering::SeqCst) {
+                reopen(sinks, opts.intervals.as_deref_mut());
+            }
             if let Some(iv) = opts.intervals.as_deref_mut() {
-                if HANGUP.swap(false, Ordering::SeqCst) {
-                    match iv.reopen() {
-                        Ok(()) => eprintln!("tracer: SIGHUP: {} reopened", iv.dir().display()),
-                        Err(e) => eprintln!(
-                            "tracer: SIGHUP: reopening {} failed: {e:#}; tracing goes on",
-                            iv.dir().display()
-                        ),
-                    }
-                }
                 if iv.due(now) {
                     write_interval(iv, engine, &counters, nic_now(&opts.nic), false);
                 }
@@ -248,6 +242,25 @@ pub fn run(
         decode_errors,
         peak_resident_bytes: resident().1,
     })
+}
+
+/// SIGHUP: the interval reports' directory and the sinks' files begin
+/// again; what fails is said, and tracing goes on.
+fn reopen(sinks: &mut [&mut dyn Sink], intervals: Option<&mut Intervals>) {
+    if let Some(iv) = intervals {
+        match iv.reopen() {
+            Ok(()) => eprintln!("tracer: SIGHUP: {} reopened", iv.dir().display()),
+            Err(e) => eprintln!(
+                "tracer: SIGHUP: reopening {} failed: {e:#}; tracing goes on",
+                iv.dir().display()
+            ),
+        }
+    }
+    for sink in sinks.iter_mut() {
+        if let Err(e) = sink.reopen() {
+            eprintln!("tracer: SIGHUP: {e:#}; tracing goes on");
+        }
+    }
 }
 
 /// Ends `iv`'s interval now with the engine's whole snapshot and writes

@@ -20,6 +20,10 @@ pub trait Sink {
     fn flush(&mut self, _counters: &Counters) -> Result<()> {
         Ok(())
     }
+    /// SIGHUP (`watch`): files kept in a directory begin again there.
+    fn reopen(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Collects every observation (tests, small captures).

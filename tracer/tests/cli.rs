@@ -181,6 +181,34 @@ fn bad_input_gets_one_line_and_exit_2() {
             ],
             "cannot write output file '/proc/tracer-reports'",
         ),
+        (
+            &["watch", "--iface", "lo", "--snaplen", "100"],
+            "--snaplen applies to the trace: add --pcapng DIR",
+        ),
+        (
+            &["watch", "--iface", "lo", "--pcapng", "/tmp/r", "-C", "0"],
+            "--pcapng-mib 0: give 1 to 1048576 MiB",
+        ),
+        (
+            &["watch", "--iface", "lo", "--pcapng", "/tmp/r", "-W", "0"],
+            "--pcapng-files 0: give 1 to 1000000 files",
+        ),
+        (
+            &[
+                "watch",
+                "--iface",
+                "lo",
+                "--pcapng",
+                "/tmp/r",
+                "--snaplen",
+                "0",
+            ],
+            "--snaplen 0: give 1 to 4096",
+        ),
+        (
+            &["watch", "--iface", "lo", "--pcapng", "/proc/tracer-ring"],
+            "cannot write output file '/proc/tracer-ring'",
+        ),
     ];
     for (args, needle) in cases {
         let out = run(args);

@@ -231,3 +231,159 @@ fn without_capabilities_watch_still_sees_its_interface_go() {
     let to = format!("{}:5701", lab::SERVER_V4);
     assert_eq!(bytes_to(&read, &to), BYTES as u64);
 }
+
+/// One `tracer: pcapng` line: a ring's file ended.
+struct Ended {
+    path: PathBuf,
+    /// Packets and TCP-layer records in it, and its length.
+    blocks: u64,
+    bytes: u64,
+    next: PathBuf,
+    removed: Vec<PathBuf>,
+}
+
+/// "tracer: pcapng PATH: N packets, R TCP-layer records, B bytes; next
+/// PATH[; removed PATH]...".
+fn ended(line: &str) -> Option<Ended> {
+    let rest = line.strip_prefix("tracer: pcapng /")?;
+    let mut parts = rest.split("; ");
+    let (path, counts) = parts.next()?.split_once(": ")?;
+    let n: Vec<u64> = counts
+        .split(", ")
+        .map(|c| c.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    let next = PathBuf::from(parts.next()?.strip_prefix("next ")?);
+    let removed = parts
+        .map(|p| PathBuf::from(p.strip_prefix("removed ").unwrap()))
+        .collect();
+    Some(Ended {
+        path: PathBuf::from(format!("/{path}")),
+        blocks: n[0] + n[1],
+        bytes: n[2],
+        next,
+        removed,
+    })
+}
+
+/// tshark's count of the frames in `file` (both of its interfaces).
+fn tshark_frames(file: &Path) -> u64 {
+    let out = std::process::Command::new("tshark")
+        .args([
+            "-r",
+            file.to_str().unwrap(),
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ])
+        .output()
+        .expect("tshark (apt package tshark: cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().lines().count() as u64
+}
+
+/// `watch --full --pcapng DIR -C 1 -W 3`: connections until the ring has
+/// removed a file, then SIGHUP (a new file), then SIGTERM. The directory
+/// keeps exactly the last three files begun, each within 1 MiB; every file
+/// beyond them was said removed; tshark reads in each kept file exactly
+/// the frames its line said (the last: what the total said, less the
+/// rest); and the ring wrote exactly what the kernel emitted (the reports'
+/// counters), none lost.
+#[test]
+fn watch_keeps_a_pcapng_ring_of_the_latest_files() {
+    if !root_or_skip("watch_keeps_a_pcapng_ring_of_the_latest_files") {
+        return;
+    }
+    const PORT: u16 = 5801;
+    let ring = std::env::temp_dir().join(format!("tracer-watch-ring-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&ring);
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _remove = Remove(ring.clone());
+    let filter = format!("port {PORT}");
+    let mut w = Watched::start(
+        &["--iface", "lo", "--filter", &filter],
+        "ring",
+        "1",
+        &[
+            "--full",
+            "--pcapng",
+            ring.to_str().unwrap(),
+            "-C",
+            "1",
+            "-W",
+            "3",
+        ],
+    );
+    w.said("watching TCP received on");
+    let mut lines = Vec::new();
+    // Until the ring has removed a file (a few connections): at most 50.
+    for sent in 0.. {
+        assert!(
+            sent < 50,
+            "no file removed after {sent} connections: {lines:?}"
+        );
+        assert_eq!(send_on_loopback(PORT, 64 << 20), 64 << 20);
+        lines.extend(w.rx.try_iter());
+        if lines.iter().any(|l| l.contains("; removed ")) {
+            break;
+        }
+    }
+    signal(&w.child, libc::SIGHUP);
+    let hup = w.said("tracer: pcapng /");
+    signal(&w.child, libc::SIGTERM);
+    let (status, read) = w.end();
+    lines.push(hup);
+    lines.extend(w.rx.try_iter());
+    assert_eq!(status.code(), Some(0), "{lines:?}");
+
+    let files = files_in(&ring);
+    let ends: Vec<Ended> = lines.iter().filter_map(|l| ended(l)).collect();
+    let mut begun = vec![ends[0].path.clone()];
+    begun.extend(ends.iter().map(|e| e.next.clone()));
+    assert_eq!(files, begun[begun.len() - 3..], "the last three begun");
+    let removed: Vec<PathBuf> = ends.iter().flat_map(|e| e.removed.clone()).collect();
+    assert_eq!(removed, begun[..begun.len() - 3], "the rest said removed");
+    let total: u64 = {
+        let wrote = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("wrote "))
+            .map(str::trim_start)
+            .unwrap_or_else(|| panic!("no total: {lines:?}"));
+        let n: Vec<u64> = wrote
+            .split(", ")
+            .take(2)
+            .map(|c| c.split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        n[0] + n[1]
+    };
+    for f in &files {
+        let size = std::fs::metadata(f).unwrap().len();
+        assert!(size <= 1 << 20, "{}: {size} bytes", f.display());
+        let said = match ends.iter().find(|e| &e.path == f) {
+            Some(e) => {
+                assert_eq!(size, e.bytes, "{}", f.display());
+                e.blocks
+            }
+            None => total - ends.iter().map(|e| e.blocks).sum::<u64>(),
+        };
+        assert_eq!(tshark_frames(f), said, "{}", f.display());
+    }
+    let emitted: u64 = read
+        .iter()
+        .map(|(_, r)| {
+            let k = &r["kernel"];
+            u(&k["xdp_events"]) + u(&k["probe_events"]) + u(&k["retransmit_events"])
+        })
+        .sum();
+    assert_eq!(total, emitted, "every event the kernel emitted, written");
+    assert!(read.iter().all(|(_, r)| u(&r["dropped_events"]) == 0));
+}

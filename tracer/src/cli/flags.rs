@@ -15,6 +15,7 @@ use crate::{
     plot::ColorBy,
     record, SetupError,
 };
+use tracer_common::CAPTURE_MAX;
 
 #[derive(Parser)]
 #[command(
@@ -392,10 +393,36 @@ pub struct WatchArgs {
     /// attached.
     #[arg(long)]
     pub(crate) no_reattach: bool,
-    /// Once attached, run as this user (and its group; --reports is
-    /// given to it), keeping only the capabilities re-attaching needs.
+    /// Once attached, run as this user (and its group; --reports and
+    /// --pcapng are given to it), keeping only the capabilities
+    /// re-attaching needs.
     #[arg(long, value_name = "NAME")]
     pub(crate) user: Option<String>,
+    /// Keep the trace as a pcapng ring in DIR (made if missing, mode
+    /// 0750), as `tcpdump -C -W` does: files of at most --pcapng-mib
+    /// each, the latest --pcapng-files kept, each one whole for Wireshark
+    /// and `tracer analyze`. A new file begins on SIGHUP and when the
+    /// interface comes back.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) pcapng: Option<PathBuf>,
+    /// The most each --pcapng file holds, in MiB.
+    #[arg(
+        short = 'C',
+        long,
+        value_name = "MIB",
+        default_value_t = 100,
+        requires = "pcapng"
+    )]
+    pub(crate) pcapng_mib: u64,
+    /// --pcapng files kept (the oldest removed first).
+    #[arg(
+        short = 'W',
+        long,
+        value_name = "N",
+        default_value_t = 10,
+        requires = "pcapng"
+    )]
+    pub(crate) pcapng_files: usize,
     #[command(flatten)]
     pub(crate) trace: TraceArgs,
 }
@@ -417,10 +444,35 @@ impl WatchArgs {
                 self.keep
             )));
         }
-        if self.trace.out.is_some() || self.trace.snaplen.is_some() {
+        if self.trace.out.is_some() {
             return Err(SetupError::BadArgument(
-                "--out/--snaplen: watch keeps no single trace file (it would grow without end); trace a while with `tracer record --out` instead".into(),
+                "--out: watch keeps no single trace file (it would grow without end): keep a ring of them with --pcapng DIR".into(),
             ));
+        }
+        match self.trace.snaplen {
+            Some(_) if self.pcapng.is_none() => {
+                return Err(SetupError::BadArgument(
+                    "--snaplen applies to the trace: add --pcapng DIR".into(),
+                ))
+            }
+            Some(n) if !(1..=CAPTURE_MAX as u32).contains(&n) => {
+                return Err(SetupError::BadArgument(format!(
+                    "--snaplen {n}: give 1 to {CAPTURE_MAX} bytes"
+                )))
+            }
+            _ => {}
+        }
+        if !(1..=1 << 20).contains(&self.pcapng_mib) {
+            return Err(SetupError::BadArgument(format!(
+                "--pcapng-mib {}: give 1 to 1048576 MiB",
+                self.pcapng_mib
+            )));
+        }
+        if !(1..=1_000_000).contains(&self.pcapng_files) {
+            return Err(SetupError::BadArgument(format!(
+                "--pcapng-files {}: give 1 to 1000000 files",
+                self.pcapng_files
+            )));
         }
         if self.trace.report.json {
             return Err(SetupError::BadArgument(

@@ -19,7 +19,7 @@ use crate::{
     kernel::{KernelReport, Tracer, TracerOptions},
     metrics::Metrics,
     nic::{NicEvidence, NicWatch},
-    output::OutputFile,
+    output::{KeptFiles, OutputFile},
     pcapng::{self, PcapngWriter},
     record::{self, Outcome, RecordOptions, StopReason},
     report,
@@ -194,6 +194,9 @@ impl Run {
                 tracer.mode,
                 self.reattached
             );
+            if let Output::Pcapng(p) = &mut self.out.file {
+                p.attached_again(tracer.ifindex);
+            }
             self.tracer = Some(tracer);
             self.nic = NicWatch::start(&self.opts.iface, self.opts.netns.as_deref());
             before = Some(outcome);
@@ -327,17 +330,24 @@ impl Ended {
             ));
         }
         match out {
-            Output::None | Output::Pending { .. } => {}
+            Output::None | Output::Pending { .. } | Output::PendingRing(_) => {}
             Output::Jsonl(j) => say(format!(
                 "  wrote      {} observations (JSON lines)",
                 j.written()
             )),
             Output::Pcapng(p) => {
                 let (packets, records) = p.written();
-                say(format!(
-                    "  wrote      {} ({packets} packets, {records} TCP-layer records; pcapng)",
-                    p.path().display()
-                ));
+                say(match p.ring_files() {
+                    None => format!(
+                        "  wrote      {} ({packets} packets, {records} TCP-layer records; pcapng)",
+                        p.path().display()
+                    ),
+                    Some((dir, files)) => format!(
+                        "  wrote      {packets} packets, {records} TCP-layer records to {files} pcapng files in {}, the last {}",
+                        dir.display(),
+                        p.path().display()
+                    ),
+                });
                 if let Some(failure) = p.failure() {
                     // The report above stands; the trace is incomplete.
                     return Err(anyhow!(failure));
@@ -359,13 +369,23 @@ impl Ended {
     }
 }
 
-/// `--out`: the trace file, by its extension. Opened before anything is
-/// attached; written from when the tracer is.
+/// `--out`: the trace file, by its extension, or `watch --pcapng`'s ring.
+/// Opened before anything is attached; written from when the tracer is.
 enum Output {
     None,
     Pending { file: OutputFile, pcapng: bool },
+    PendingRing(PcapngRing),
     Jsonl(JsonLines),
-    Pcapng(PcapngWriter),
+    Pcapng(Box<PcapngWriter>),
+}
+
+/// `watch --pcapng DIR`: the trace as a ring of files.
+pub(super) struct PcapngRing {
+    pub dir: std::path::PathBuf,
+    pub file_bytes: u64,
+    pub files: usize,
+    /// `--snaplen`.
+    pub snaplen: Option<u32>,
 }
 
 impl Output {
@@ -417,6 +437,7 @@ impl Output {
         match self {
             // At least the headers: 1 byte asks for exactly them.
             Self::Pending { pcapng: true, .. } => trace.snaplen.unwrap_or(1),
+            Self::PendingRing(ring) => ring.snaplen.unwrap_or(1),
             _ => 0,
         }
     }
@@ -424,45 +445,51 @@ impl Output {
     /// Once attached: the file is emptied and the writer starts (pcapng:
     /// its headers, naming the traced interface).
     fn begin(&mut self, tracer: &Tracer, trace: &TraceArgs) -> Result<()> {
-        let (file, pcapng) = match std::mem::replace(self, Self::None) {
-            Self::Pending { file, pcapng } => (file, pcapng),
-            other => {
-                *self = other;
-                return Ok(());
+        let interface = |snaplen: Option<u32>| {
+            let keeps = match snaplen {
+                Some(n) => format!("the first {n} bytes of each frame (at least its headers)"),
+                None => "headers only".into(),
+            };
+            pcapng::Interface {
+                name: tracer.iface.clone(),
+                description: format!(
+                    "{}, XDP {}, {keeps}",
+                    traced_on(&tracer.iface, tracer.netns.as_deref()),
+                    tracer.mode
+                ),
+                ifindex: tracer.ifindex,
+                kernel: tracer.kernel.report(),
             }
         };
-        let path = file.path().to_path_buf();
-        let started = file.start().map_err(|e| SetupError::BadOutput {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        if !pcapng {
-            *self = Self::Jsonl(JsonLines::new(&path, started));
-            return Ok(());
-        }
-        let keeps = match trace.snaplen {
-            Some(n) => format!("the first {n} bytes of each frame (at least its headers)"),
-            None => "headers only".into(),
+        *self = match std::mem::replace(self, Self::None) {
+            Self::Pending { file, pcapng } => {
+                let path = file.path().to_path_buf();
+                let started = file.start().map_err(|e| SetupError::BadOutput {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                })?;
+                if pcapng {
+                    let iface = interface(trace.snaplen);
+                    Self::Pcapng(Box::new(PcapngWriter::create(&path, started, iface)?))
+                } else {
+                    Self::Jsonl(JsonLines::new(&path, started))
+                }
+            }
+            Self::PendingRing(ring) => {
+                let kept = KeptFiles::open(&ring.dir, ring.files, pcapng::RING_PREFIX, ".pcapng")?;
+                let iface = interface(ring.snaplen);
+                Self::Pcapng(Box::new(PcapngWriter::ring(kept, ring.file_bytes, iface)?))
+            }
+            other => other,
         };
-        let iface = pcapng::Interface {
-            name: &tracer.iface,
-            description: &format!(
-                "{}, XDP {}, {keeps}",
-                traced_on(&tracer.iface, tracer.netns.as_deref()),
-                tracer.mode
-            ),
-            ifindex: tracer.ifindex,
-            kernel: &tracer.kernel.report(),
-        };
-        *self = Self::Pcapng(PcapngWriter::create(&path, started, &iface)?);
         Ok(())
     }
 
     fn sink(&mut self) -> Option<&mut dyn Sink> {
         match self {
-            Self::None | Self::Pending { .. } => None,
+            Self::None | Self::Pending { .. } | Self::PendingRing(_) => None,
             Self::Jsonl(j) => Some(j),
-            Self::Pcapng(p) => Some(p),
+            Self::Pcapng(p) => Some(p.as_mut()),
         }
     }
 }
@@ -508,6 +535,16 @@ impl Outputs {
             intervals: Some(intervals),
             ..self
         }
+    }
+
+    /// The trace as a ring of pcapng files (instead of `--out`); its
+    /// directory made and checked now.
+    pub fn with_pcapng_ring(self, ring: PcapngRing) -> Result<Self> {
+        KeptFiles::open(&ring.dir, ring.files, pcapng::RING_PREFIX, ".pcapng")?;
+        Ok(Self {
+            file: Output::PendingRing(ring),
+            ..self
+        })
     }
 }
 

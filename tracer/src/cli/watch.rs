@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use super::{
     flags::WatchArgs,
-    run::{traced_on, Outputs, Run},
+    run::{traced_on, Outputs, PcapngRing, Run},
 };
 use crate::{
     intervals::Intervals,
@@ -17,7 +17,9 @@ use crate::{
 };
 
 pub fn watch(args: WatchArgs) -> Result<ExitCode> {
-    let args = args.with_defaults()?;
+    let mut args = args.with_defaults()?;
+    // The ring's, not a single trace's.
+    let snaplen = args.trace.snaplen.take();
     let opts = args.target.tracer_options(&args.trace)?;
     let mut engine = args.trace.report.engine()?;
     // Its reports carry no replay: a retired flow is not replayed (a long
@@ -37,11 +39,23 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
     });
     let user = args.user.as_deref().map(User::named).transpose()?;
     let every = Duration::from_secs(args.interval);
+    let mut out = Outputs::open(&args.trace, &args.target.iface)?;
+    if let Some(dir) = &args.pcapng {
+        out = out.with_pcapng_ring(PcapngRing {
+            dir: dir.clone(),
+            file_bytes: args.pcapng_mib << 20,
+            files: args.pcapng_files,
+            snaplen,
+        })?;
+        if let Some(u) = &user {
+            give_to(dir, u)?;
+        }
+    }
     let intervals = Intervals::open(&args.reports, args.keep, every, watching)?;
     if let Some(u) = &user {
         give_to(&args.reports, u)?;
     }
-    let out = Outputs::open(&args.trace, &args.target.iface)?.with_intervals(intervals);
+    let out = out.with_intervals(intervals);
     // From here on SIGHUP reopens the outputs instead of ending the process.
     record::catch_hangups()?;
     let mut run = Run::start(opts, out, engine, &args.trace)?;
@@ -76,6 +90,14 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
         args.reports.display(),
         args.keep,
     );
+    if let Some(dir) = &args.pcapng {
+        eprintln!(
+            "tracer: the trace to {} in files of {} MiB, the latest {} kept",
+            dir.display(),
+            args.pcapng_mib,
+            args.pcapng_files
+        );
+    }
     run.watch(false, Vec::new())?;
     let outcome = run.collect(|| false, None, true);
     let ended = run.end(outcome)?;

@@ -1140,15 +1140,15 @@ mod round_trip {
             .start()
             .unwrap();
         let iface = Interface {
-            name: "veth0",
-            description: "veth0, XDP native, headers only",
+            name: "veth0".into(),
+            description: "veth0, XDP native, headers only".into(),
             ifindex: 7,
-            kernel: &KernelReport {
+            kernel: KernelReport {
                 release: "6.1.0-57-cloud-amd64".into(),
                 missing: vec!["no err".into(), "no more".into()],
             },
         };
-        let mut w = PcapngWriter::create(path, file, &iface).unwrap();
+        let mut w = PcapngWriter::create(path, file, iface).unwrap();
         let mut sent = Vec::new();
         let mut counters = Counters::default();
         for i in 0..50u32 {
@@ -1253,6 +1253,83 @@ mod round_trip {
         let linux = r.linux.expect("the kernel recorded on");
         assert_eq!(linux.release, "6.1.0-57-cloud-amd64");
         assert_eq!(linux.missing, ["no err", "no more"]);
+    }
+
+    /// `watch --pcapng`: a ring of 16 KiB files, three kept, one left by
+    /// an earlier run among them. Each file kept is a whole trace within
+    /// its size, ending with its statistics; read in order they are the
+    /// stream's last segments, none missing, up to the last written.
+    #[test]
+    fn a_ring_keeps_the_latest_files_each_whole_and_within_its_size() {
+        let dir = std::env::temp_dir().join(format!("tracer-ring-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let earlier = dir.join("trace-20200101T000000Z-000001.pcapng");
+        std::fs::write(&earlier, b"").unwrap();
+        let kept =
+            crate::output::KeptFiles::open(&dir, 3, crate::pcapng::RING_PREFIX, ".pcapng").unwrap();
+        let iface = Interface {
+            name: "veth0".into(),
+            description: "veth0".into(),
+            ifindex: 7,
+            kernel: KernelReport::default(),
+        };
+        const FILE_BYTES: u64 = 16 << 10;
+        let mut w = PcapngWriter::ring(kept, FILE_BYTES, iface).unwrap();
+        let mut sent = Vec::new();
+        let counters = Counters::default();
+        for i in 0..1000u32 {
+            let (obs, frame) = captured(1000 + i * 100, 5_000_000 + u64::from(i) * 1000, 0, 0);
+            let wire = Frame {
+                data: &frame,
+                wire_len: frame.len() as u32,
+            };
+            w.observe(
+                &obs,
+                &Raw {
+                    record: &[],
+                    frame: Some(wire),
+                },
+            );
+            sent.push(obs);
+            if i % 50 == 0 {
+                w.flush(&counters).unwrap();
+            }
+        }
+        w.flush(&counters).unwrap();
+        assert_eq!(w.written(), (1000, 0));
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        assert!(!earlier.exists(), "the earlier run's file went first");
+        assert_eq!(files.len(), 3, "{files:?}");
+        let mut stream = Vec::new();
+        for (i, f) in files.iter().enumerate() {
+            let bytes = std::fs::read(f).unwrap();
+            let n = bytes.len() as u64;
+            assert!(n <= FILE_BYTES, "{}: {n}", f.display());
+            // Ended only when the next packet (~130 bytes) would have left
+            // less than the 4 KiB its statistics keep free.
+            if i < 2 {
+                assert!(n > FILE_BYTES - 4096 - 256, "{}: {n}", f.display());
+            }
+            let (got, err) = items(&bytes);
+            assert_eq!(err, None, "{}", f.display());
+            assert!(
+                matches!(got.last(), Some(Item::Counters(_))),
+                "{}",
+                f.display()
+            );
+            for item in got {
+                if let Item::Packet(p) = item {
+                    stream.push(Observation::Segment(segment(&p).unwrap()));
+                }
+            }
+        }
+        assert_eq!(stream, sent[sent.len() - stream.len()..]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
