@@ -451,17 +451,19 @@ fn uploads(
 
 /// `tracer watch` as the service runs it (its defaults, user nobody,
 /// `--memory-mib 256`, idle flows expired after 20 s, 10-second
-/// intervals), watched by a real Prometheus with the shipped rules
-/// (windows shortened), for `TRACER_SOAK_MINUTES` (30) over the ATR lab,
-/// cycle after cycle: steering on until the alert fires, off until it
-/// resolves; 2,000 short connections of churn. Then the server's link
-/// deleted and made again, and half a minute more. An upload goes on
-/// throughout (paused for the flap). Then: every
+/// intervals, a pcapng ring of four 8 MiB files), watched by a real
+/// Prometheus with the shipped rules (windows shortened), for
+/// `TRACER_SOAK_MINUTES` (30) over the ATR lab, cycle after cycle:
+/// steering on until the alert fires, off until it resolves; 2,000 short
+/// connections of churn; the server's interface flapped, by turns taken
+/// down and up (the upload going on through it) and deleted and made
+/// again (the upload paused). Then half a minute more. Then: every
 /// interval's report written and read, numbered one by one, none with a
 /// lost event; the uploads' bytes exactly in them; churned flows expired;
-/// resident memory within the budget and flat (the second half's peak
-/// within a fifth and 16 MiB of the first's). Not in the suite: `cargo
-/// xtask validate --soak`.
+/// attached again once per deletion; the ring within its count and sizes,
+/// each file read by tshark; resident memory within the budget and flat
+/// (the second half's peak within a fifth and 16 MiB of the first's). Not
+/// in the suite: `cargo xtask validate --soak`.
 #[test]
 #[ignore]
 fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
@@ -485,6 +487,7 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
     .expect("lab");
     lab.set_steering(false);
     let budget = BUDGET_MIB.to_string();
+    let ring = Watched::ring("soak");
     let mut w = Watched::on_server(
         &lab,
         "soak",
@@ -496,6 +499,12 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
             &budget,
             "--idle-expiry",
             "20",
+            "--pcapng",
+            ring.to_str().unwrap(),
+            "-C",
+            "8",
+            "-W",
+            "4",
         ],
     );
     let target = w.metrics_target();
@@ -510,6 +519,7 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
     let start = Instant::now();
     let mut memory: Vec<(Duration, u64)> = Vec::new();
     let mut cycles = 0u32;
+    let mut deleted = 0u32;
     while start.elapsed() < length {
         cycles += 1;
         lab.set_steering(true);
@@ -532,25 +542,34 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
             Instant::now() + Duration::from_secs(120),
         );
         assert_eq!(churned, 2_000, "cycle {cycles}: the churn");
+        let flap = if cycles % 2 == 1 {
+            // Down for a second and up: the interface stays, and so do
+            // the tracer's programs; the upload's TCP recovers.
+            lab.topo.bounce_server(Duration::from_secs(1)).unwrap();
+            "down and up"
+        } else {
+            // Gone and back, as a driver reload: the upload paused (its
+            // server's address goes with the link), followed.
+            pause.store(true, Ordering::SeqCst);
+            until("the uploads pausing", Duration::from_secs(60), || {
+                idle.load(Ordering::SeqCst)
+            });
+            lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
+            w.said("waiting for it to come back");
+            lab.relink_server().unwrap();
+            w.said("attached again");
+            pause.store(false, Ordering::SeqCst);
+            deleted += 1;
+            "deleted and made again"
+        };
         memory.push((start.elapsed(), resident(pid)));
         eprintln!(
-            "cycle {cycles} at {:.0} s: fired in {fired:.1?}, resolved in {resolved:.1?}, {churned} churned; {} MiB resident",
+            "cycle {cycles} at {:.0} s: fired in {fired:.1?}, resolved in {resolved:.1?}, {churned} churned, {flap}; {} MiB resident",
             start.elapsed().as_secs_f64(),
             memory.last().unwrap().1 >> 20
         );
     }
-    // Last, the link deleted and made again (the lab's emulated ATR has
-    // not reordered after that: it comes once steering is done): followed,
-    // and a last half-minute of uploads traced after it.
-    pause.store(true, Ordering::SeqCst);
-    until("the uploads pausing", Duration::from_secs(60), || {
-        idle.load(Ordering::SeqCst)
-    });
-    lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
-    w.said("waiting for it to come back");
-    lab.relink_server().unwrap();
-    w.said("attached again");
-    pause.store(false, Ordering::SeqCst);
+    // A last half-minute of uploads.
     std::thread::sleep(Duration::from_secs(30));
     stop.store(true, Ordering::SeqCst);
     let uploaded = uploading.join().unwrap();
@@ -560,10 +579,29 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
     drop(prometheus);
     drop(lab);
     // What it said besides its intervals (a lost event's line above all).
-    for line in w.rx.try_iter() {
+    let said: Vec<String> = w.rx.try_iter().collect();
+    for line in said.iter().filter(|l| !l.starts_with("tracer: pcapng ")) {
         eprintln!("watch said: {line}");
     }
     assert_eq!(status.code(), Some(0));
+    let again = format!("attached   again {deleted} time(s)");
+    assert!(
+        deleted == 0 || said.iter().any(|l| l.contains(&again)),
+        "{again}: {said:?}"
+    );
+    let files = std::fs::read_dir(&ring)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect::<Vec<_>>();
+    assert!((1..=4).contains(&files.len()), "the ring: {files:?}");
+    for f in &files {
+        assert!(
+            std::fs::metadata(f).unwrap().len() <= 8 << 20,
+            "{}",
+            f.display()
+        );
+        assert!(common::tshark_frames(f) > 0, "{}", f.display());
+    }
     let soaked = start.elapsed().as_secs_f64();
     for (i, (path, r)) in read.iter().enumerate() {
         assert_eq!(

@@ -16,7 +16,7 @@ use tracer::{
 
 mod common;
 use common::{
-    read_one_connection, root_or_skip, send, signal, u,
+    read_one_connection, root_or_skip, send, signal, tshark_frames, u,
     watched::{bytes_to, Watched},
 };
 
@@ -265,27 +265,6 @@ fn ended(line: &str) -> Option<Ended> {
     })
 }
 
-/// tshark's count of the frames in `file` (both of its interfaces).
-fn tshark_frames(file: &Path) -> u64 {
-    let out = std::process::Command::new("tshark")
-        .args([
-            "-r",
-            file.to_str().unwrap(),
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ])
-        .output()
-        .expect("tshark (apt package tshark: cargo xtask setup installs it)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().lines().count() as u64
-}
-
 /// `watch --full --pcapng DIR -C 1 -W 3`: connections until the ring has
 /// removed a file, then SIGHUP (a new file), then SIGTERM. The directory
 /// keeps exactly the last three files begun, each within 1 MiB; every file
@@ -299,15 +278,7 @@ fn watch_keeps_a_pcapng_ring_of_the_latest_files() {
         return;
     }
     const PORT: u16 = 5801;
-    let ring = std::env::temp_dir().join(format!("tracer-watch-ring-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&ring);
-    struct Remove(PathBuf);
-    impl Drop for Remove {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    let _remove = Remove(ring.clone());
+    let ring = Watched::ring("ring");
     let filter = format!("port {PORT}");
     let mut w = Watched::start(
         &["--iface", "lo", "--filter", &filter],

@@ -243,23 +243,8 @@ impl Topology {
             ip(&["-n", ns, "-6", "addr", "add", &v6, "dev", dev, "nodad"])?;
             ip(&["-n", ns, "link", "set", dev, "up"])?;
         }
-        for ((ns, dev, ..), (peer_ns, peer_dev, v4, v6)) in [(a, b), (b, a)] {
-            let mac = mac_address(peer_ns, peer_dev)?;
-            for addr in [v4, v6] {
-                ip(&[
-                    "-n",
-                    ns,
-                    "neigh",
-                    "replace",
-                    addr,
-                    "lladdr",
-                    &mac,
-                    "dev",
-                    dev,
-                    "nud",
-                    "permanent",
-                ])?;
-            }
+        for (end, peer) in [(a, b), (b, a)] {
+            neighbours(end, peer)?;
         }
         Ok(())
     }
@@ -276,19 +261,57 @@ impl Topology {
             (&self.server_ns, SERVER_IF, SERVER_V4, SERVER_V6),
             self.queues,
         )?;
+        self.server_routes()
+    }
+
+    /// The server's default routes, through the edge.
+    fn server_routes(&self) -> Result<()> {
         let ns = &self.server_ns;
-        ip(&["-n", ns, "route", "add", "default", "via", EDGE_SERVER_V4])?;
+        ip(&[
+            "-n",
+            ns,
+            "route",
+            "replace",
+            "default",
+            "via",
+            EDGE_SERVER_V4,
+        ])?;
         ip(&[
             "-n",
             ns,
             "-6",
             "route",
-            "add",
+            "replace",
             "default",
             "via",
             EDGE_SERVER_V6,
         ])?;
         Ok(())
+    }
+
+    /// Takes the server's interface down for `down` and up again (a flap:
+    /// an admin, a link renegotiating); the interface stays, and what
+    /// going down removed is put back: its IPv6 address, its neighbours,
+    /// the routes through it.
+    pub fn bounce_server(&self, down: std::time::Duration) -> Result<()> {
+        let ns = &self.server_ns;
+        ip(&["-n", ns, "link", "set", SERVER_IF, "down"])?;
+        std::thread::sleep(down);
+        ip(&["-n", ns, "link", "set", SERVER_IF, "up"])?;
+        let v6 = format!("{SERVER_V6}/64");
+        ip(&[
+            "-n", ns, "-6", "addr", "replace", &v6, "dev", SERVER_IF, "nodad",
+        ])?;
+        neighbours(
+            (ns, SERVER_IF, SERVER_V4, SERVER_V6),
+            (
+                &self.edge_ns,
+                EDGE_SERVER_IF,
+                EDGE_SERVER_V4,
+                EDGE_SERVER_V6,
+            ),
+        )?;
+        self.server_routes()
     }
 
     /// Makes the edge -> server link again after it was deleted (the
@@ -322,6 +345,29 @@ impl Drop for Topology {
             }
         }
     }
+}
+
+/// `end`'s permanent neighbour entries for `peer`'s addresses.
+fn neighbours(end: LinkEnd, peer: LinkEnd) -> Result<()> {
+    let (ns, dev, ..) = end;
+    let (peer_ns, peer_dev, v4, v6) = peer;
+    let mac = mac_address(peer_ns, peer_dev)?;
+    for addr in [v4, v6] {
+        ip(&[
+            "-n",
+            ns,
+            "neigh",
+            "replace",
+            addr,
+            "lladdr",
+            &mac,
+            "dev",
+            dev,
+            "nud",
+            "permanent",
+        ])?;
+    }
+    Ok(())
 }
 
 /// Packets `dev` in `ns` dropped in direction `dir` (`rx`, `tx`), from

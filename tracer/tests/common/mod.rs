@@ -117,3 +117,24 @@ pub fn read_one_connection(listener: TcpListener) -> std::thread::JoinHandle<usi
         }
     })
 }
+
+/// tshark's count of the frames in `file` (both of its interfaces).
+pub fn tshark_frames(file: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("tshark")
+        .args([
+            "-r",
+            file.to_str().unwrap(),
+            "-T",
+            "fields",
+            "-e",
+            "frame.number",
+        ])
+        .output()
+        .expect("tshark (apt package tshark: cargo xtask setup installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().lines().count() as u64
+}

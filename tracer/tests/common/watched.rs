@@ -25,6 +25,8 @@ pub struct Watched {
     /// Its other stderr lines.
     pub rx: mpsc::Receiver<String>,
     pub dir: PathBuf,
+    /// Where `--pcapng` goes, when given: [`Watched::ring`].
+    pub ring: PathBuf,
 }
 
 impl Watched {
@@ -33,6 +35,8 @@ impl Watched {
     pub fn start(target: &[&str], name: &str, interval: &str, extra: &[&str]) -> Self {
         let dir = std::env::temp_dir().join(format!("tracer-watch-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        let ring = Self::ring(name);
+        let _ = std::fs::remove_dir_all(&ring);
         let mut args = vec!["watch"];
         args.extend(target);
         args.extend([
@@ -67,7 +71,14 @@ impl Watched {
             reader: Some(reader),
             rx,
             dir,
+            ring,
         }
+    }
+
+    /// The directory for `--pcapng` of the watch named `name` (removed
+    /// with it).
+    pub fn ring(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!("tracer-watch-{}-{name}-ring", std::process::id()))
     }
 
     /// On the lab's server interface.
@@ -103,6 +114,7 @@ impl Drop for Watched {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.ring);
     }
 }
 
