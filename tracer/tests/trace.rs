@@ -29,7 +29,7 @@ use tracer::{
 };
 
 mod common;
-use common::{root_or_skip, u, BIN};
+use common::{root_or_skip, tshark, u, BIN};
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tracer-trace-{}-{name}", std::process::id()))
@@ -121,37 +121,6 @@ fn upload(lab: &mut Lab) -> lab::LabOutcome {
     lab.finish().unwrap()
 }
 
-/// tshark's fields of every frame on interface 0 (the segments), and
-/// everything it said on stderr but its warning about running as root.
-fn tshark(file: &Path, fields: &[&str]) -> (Vec<Vec<String>>, Vec<String>) {
-    let mut cmd = Command::new("tshark");
-    cmd.arg("-r")
-        .arg(file)
-        .args(["-n", "-T", "fields", "-E", "separator=,"]);
-    cmd.args(["-Y", "frame.interface_id == 0"]);
-    for f in fields {
-        cmd.args(["-e", f]);
-    }
-    let out = cmd
-        .output()
-        .expect("tshark (apt package tshark: cargo xtask setup installs it)");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let said = String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .filter(|l| !l.contains("Running as user \"root\""))
-        .map(str::to_string)
-        .collect();
-    let rows = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.split(',').map(str::to_string).collect())
-        .collect();
-    (rows, said)
-}
-
 /// The client port of a flow's "addr:port" source.
 fn port(src: &Value) -> u16 {
     src.as_str()
@@ -191,7 +160,7 @@ fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_repo
         "tcp.ack_raw",
         "tcp.len",
     ];
-    let (rows, said) = tshark(&file, &fields);
+    let (rows, said) = tshark(&file, "frame.interface_id == 0", &fields);
     assert!(said.is_empty(), "tshark said: {said:?}");
     let kernel = &report["kernel"];
     assert_eq!(rows.len() as u64, u(&kernel["xdp_events"]));

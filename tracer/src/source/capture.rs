@@ -1134,6 +1134,18 @@ mod round_trip {
         super::tests::frame(seq, 99)
     }
 
+    /// A segment and its captured `frame` to `w`.
+    fn write_segment(w: &mut PcapngWriter, obs: &Observation, frame: &[u8], wire_len: u32) {
+        let raw = Raw {
+            record: &[],
+            frame: Some(Frame {
+                data: frame,
+                wire_len,
+            }),
+        };
+        w.observe(obs, &raw);
+    }
+
     fn write_trace(path: &std::path::Path) -> (Vec<Observation>, Counters) {
         let file = crate::output::OutputFile::open(path)
             .unwrap()
@@ -1158,17 +1170,7 @@ mod round_trip {
                 i % 4,
                 i % 2,
             );
-            let wire = Frame {
-                data: &frame,
-                wire_len: frame.len() as u32 + 100,
-            };
-            w.observe(
-                &obs,
-                &Raw {
-                    record: &[],
-                    frame: Some(wire),
-                },
-            );
+            write_segment(&mut w, &obs, &frame, frame.len() as u32 + 100);
             sent.push(obs);
             if i % 10 == 3 {
                 // A TCP-layer record, as the ring gives it.
@@ -1280,17 +1282,7 @@ mod round_trip {
         let counters = Counters::default();
         for i in 0..1000u32 {
             let (obs, frame) = captured(1000 + i * 100, 5_000_000 + u64::from(i) * 1000, 0, 0);
-            let wire = Frame {
-                data: &frame,
-                wire_len: frame.len() as u32,
-            };
-            w.observe(
-                &obs,
-                &Raw {
-                    record: &[],
-                    frame: Some(wire),
-                },
-            );
+            write_segment(&mut w, &obs, &frame, frame.len() as u32);
             sent.push(obs);
             if i % 50 == 0 {
                 w.flush(&counters).unwrap();

@@ -118,17 +118,25 @@ pub fn read_one_connection(listener: TcpListener) -> std::thread::JoinHandle<usi
     })
 }
 
-/// tshark's count of the frames in `file` (both of its interfaces).
-pub fn tshark_frames(file: &std::path::Path) -> u64 {
-    let out = std::process::Command::new("tshark")
-        .args([
-            "-r",
-            file.to_str().unwrap(),
-            "-T",
-            "fields",
-            "-e",
-            "frame.number",
-        ])
+/// tshark's `fields` of every frame of `file` that `filter` keeps (all,
+/// when empty), and everything it said on stderr but its warning about
+/// running as root.
+pub fn tshark(
+    file: &std::path::Path,
+    filter: &str,
+    fields: &[&str],
+) -> (Vec<Vec<String>>, Vec<String>) {
+    let mut cmd = Command::new("tshark");
+    cmd.arg("-r")
+        .arg(file)
+        .args(["-n", "-T", "fields", "-E", "separator=,"]);
+    if !filter.is_empty() {
+        cmd.args(["-Y", filter]);
+    }
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd
         .output()
         .expect("tshark (apt package tshark: cargo xtask setup installs it)");
     assert!(
@@ -136,5 +144,19 @@ pub fn tshark_frames(file: &std::path::Path) -> u64 {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap().lines().count() as u64
+    let said = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.contains("Running as user \"root\""))
+        .map(str::to_string)
+        .collect();
+    let rows = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split(',').map(str::to_string).collect())
+        .collect();
+    (rows, said)
+}
+
+/// tshark's count of the frames in `file` (both of its interfaces).
+pub fn tshark_frames(file: &std::path::Path) -> u64 {
+    tshark(file, "", &["frame.number"]).0.len() as u64
 }
