@@ -63,6 +63,8 @@ pub struct Outcome {
     pub decode_errors: u64,
     /// The collector's peak resident memory over the run (VmHWM).
     pub peak_resident_bytes: u64,
+    /// Times the interface was seen going down (and its programs stayed).
+    pub went_down: u32,
 }
 
 impl Outcome {
@@ -82,6 +84,7 @@ impl Outcome {
             received: self.received + later.received,
             decode_errors: self.decode_errors + later.decode_errors,
             peak_resident_bytes: self.peak_resident_bytes.max(later.peak_resident_bytes),
+            went_down: self.went_down + later.went_down,
         }
     }
 }
@@ -126,6 +129,7 @@ pub fn run(
     let mut last_counters = Counters::default();
     let mut received = 0u64;
     let mut decode_errors = 0u64;
+    let (mut went_down, mut down_since) = (0u32, None::<Instant>);
     let stop = loop {
         if let Some(name) = signals.received() {
             break StopReason::Signal(name);
@@ -161,6 +165,25 @@ pub fn run(
         if now >= last_tick + TICK {
             if !tracer.interface_present() {
                 break StopReason::InterfaceGone;
+            }
+            match (tracer.interface_up(), down_since) {
+                (false, None) => {
+                    down_since = Some(now);
+                    went_down += 1;
+                    eprintln!(
+                        "tracer: {} went down: its programs stay attached, and tracing goes on when it is up",
+                        tracer.iface
+                    );
+                }
+                (true, Some(since)) => {
+                    down_since = None;
+                    eprintln!(
+                        "tracer: {} is up again after {:.1} s",
+                        tracer.iface,
+                        (now - since).as_secs_f64()
+                    );
+                }
+                _ => {}
             }
             let counters = tracer.counters()?;
             for sink in sinks.iter_mut() {
@@ -241,6 +264,7 @@ pub fn run(
         received,
         decode_errors,
         peak_resident_bytes: resident().1,
+        went_down,
     })
 }
 

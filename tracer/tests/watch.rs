@@ -51,10 +51,11 @@ fn plain_lab() -> Lab {
 
 /// With `watch`'s defaults, as user nobody, and one-second intervals kept
 /// three at a time:
-/// one connection; the server's link deleted and made again (followed
-/// without a flag); the reports' directory replaced by a file (a report
-/// fails) while a second connection sends, then removed, and SIGHUP;
-/// SIGTERM. Every report is read as it is written: numbered one by one,
+/// one connection; the server's interface down (said, the programs kept)
+/// and up (said), another connection; the server's link deleted and made
+/// again (followed without a flag); the reports' directory replaced by a
+/// file (a report fails) while a third connection sends, then removed,
+/// and SIGHUP; SIGTERM. Every report is read as it is written: numbered one by one,
 /// none lost an event, and each connection's bytes summed over them are
 /// the bytes the server read; the directory holds the last three, the last
 /// marked so; exit 0 and nothing left attached.
@@ -69,6 +70,11 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
     w.said("watching TCP received on");
     assert_eq!(send(&lab, 5501, BYTES), BYTES);
     w.said("tracer: interval ");
+    lab.topo.server_down().unwrap();
+    w.said("went down: its programs stay attached");
+    lab.topo.server_up().unwrap();
+    w.said("is up again after");
+    assert_eq!(send(&lab, 5503, BYTES), BYTES);
     lab::ip(&["-n", &lab.topo.server_ns, "link", "delete", lab::SERVER_IF]).unwrap();
     w.said("waiting for it to come back");
     lab.topo.relink_server().unwrap();
@@ -91,6 +97,13 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
     drop(lab);
     let files = files_in(&w.dir);
     assert_eq!(status.code(), Some(0));
+    // (The deletion may be seen as a down first, in the instant before
+    // the link is gone.)
+    let closing: Vec<String> = w.rx.try_iter().collect();
+    assert!(
+        closing.iter().any(|l| l.starts_with("down       ")),
+        "the down counted: {closing:?}"
+    );
     assert!(read.len() >= 3, "{} intervals", read.len());
     for (i, (path, r)) in read.iter().enumerate() {
         let at = path.display();
@@ -98,7 +111,7 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
         assert_eq!(r["interval"]["last"], i + 1 == read.len(), "{at}");
         assert_eq!(u(&r["dropped_events"]), 0, "{at}");
     }
-    for port in [5501, 5502] {
+    for port in [5501, 5502, 5503] {
         let to = format!("{}:{port}", lab::SERVER_V4);
         assert_eq!(bytes_to(&read, &to), BYTES as u64, "to {to}");
     }

@@ -316,6 +316,12 @@ impl Ended {
                 println!("{line}");
             }
         };
+        if outcome.went_down > 0 {
+            say(format!(
+                "  down       {} time(s), its programs attached throughout",
+                outcome.went_down
+            ));
+        }
         if self.reattached > 0 {
             say(format!(
                 "  attached   again {} time(s), each time the interface came back",

@@ -299,6 +299,14 @@ impl Tracer {
         self.in_netns.if_index(&self.iface) == Some(self.ifindex)
     }
 
+    /// Whether the traced interface is up and running: false while it is
+    /// down (taken down, or its carrier lost), when its programs stay
+    /// attached and simply see nothing. (True when it cannot be asked:
+    /// [`Tracer::interface_present`] says whether it went.)
+    pub fn interface_up(&self) -> bool {
+        self.in_netns.is_up(&self.iface).unwrap_or(true)
+    }
+
     /// The records, in the kernel's time order.
     pub fn rings(&mut self) -> &mut Rings {
         &mut self.rings
@@ -501,6 +509,24 @@ impl InNetns {
 
     /// `name`'s index in the namespace (SIOCGIFINDEX).
     fn if_index(&self, name: &str) -> Option<u32> {
+        let ifr = self.ask(name, libc::SIOCGIFINDEX)?;
+        // SAFETY: SIOCGIFINDEX filled the index member.
+        let index = unsafe { ifr.ifr_ifru.ifru_ifindex };
+        u32::try_from(index).ok().filter(|i| *i > 0)
+    }
+
+    /// Whether `name` is up and running (administratively up, with its
+    /// carrier: SIOCGIFFLAGS); `None` when it is not there.
+    fn is_up(&self, name: &str) -> Option<bool> {
+        let ifr = self.ask(name, libc::SIOCGIFFLAGS)?;
+        // SAFETY: SIOCGIFFLAGS filled the flags member.
+        let flags = i32::from(unsafe { ifr.ifr_ifru.ifru_flags });
+        let up = libc::IFF_UP | libc::IFF_RUNNING;
+        Some(flags & up == up)
+    }
+
+    /// The ioctl `request` about interface `name`, answered.
+    fn ask(&self, name: &str, request: libc::Ioctl) -> Option<libc::ifreq> {
         let bytes = name.as_bytes();
         // SAFETY: ifreq is plain data; zeroed is a valid value.
         let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -511,12 +537,7 @@ impl InNetns {
             *d = *b as libc::c_char;
         }
         // SAFETY: a valid ifreq on our own socket.
-        if unsafe { libc::ioctl(self.socket.as_raw_fd(), libc::SIOCGIFINDEX, &mut ifr) } < 0 {
-            return None;
-        }
-        // SAFETY: SIOCGIFINDEX filled the index member.
-        let index = unsafe { ifr.ifr_ifru.ifru_ifindex };
-        u32::try_from(index).ok().filter(|i| *i > 0)
+        (unsafe { libc::ioctl(self.socket.as_raw_fd(), request, &mut ifr) } >= 0).then_some(ifr)
     }
 }
 

@@ -290,13 +290,25 @@ impl Topology {
     }
 
     /// Takes the server's interface down for `down` and up again (a flap:
-    /// an admin, a link renegotiating); the interface stays, and what
-    /// going down removed is put back: its IPv6 address, its neighbours,
-    /// the routes through it.
+    /// an admin, a link renegotiating): [`Topology::server_down`], then
+    /// [`Topology::server_up`].
     pub fn bounce_server(&self, down: std::time::Duration) -> Result<()> {
-        let ns = &self.server_ns;
-        ip(&["-n", ns, "link", "set", SERVER_IF, "down"])?;
+        self.server_down()?;
         std::thread::sleep(down);
+        self.server_up()
+    }
+
+    /// Takes the server's interface down (it stays there).
+    pub fn server_down(&self) -> Result<()> {
+        ip(&["-n", &self.server_ns, "link", "set", SERVER_IF, "down"])?;
+        Ok(())
+    }
+
+    /// Brings the server's interface up again after
+    /// [`Topology::server_down`], and puts back what going down removed:
+    /// its IPv6 address, its neighbours, the routes through it.
+    pub fn server_up(&self) -> Result<()> {
+        let ns = &self.server_ns;
         ip(&["-n", ns, "link", "set", SERVER_IF, "up"])?;
         let v6 = format!("{SERVER_V6}/64");
         ip(&[
