@@ -95,6 +95,7 @@ pub fn record_until_over(
         RecordOptions {
             nic: None,
             intervals: None,
+            interface: Default::default(),
             duration: Some(spec.timeout + Duration::from_secs(5)),
             progress: false,
             live: None,

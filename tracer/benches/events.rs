@@ -185,6 +185,7 @@ fn step(topo: &Topology, rate: u64, senders: usize, ring_mib: u32) -> Step {
             metrics: None,
             nic: None,
             intervals: None,
+            interface: Default::default(),
         },
     )
     .expect("collecting");

@@ -158,6 +158,7 @@ fn upload(attached: Attached) -> Run {
                 metrics: None,
                 nic: None,
                 intervals: None,
+                interface: Default::default(),
             },
         )
         .expect("collect");

@@ -26,7 +26,9 @@ use serde_json::{json, Map, Value};
 use crate::{
     nic::fix::Fix,
     output::KeptFiles,
-    snapshot::{FlowReport, Memory, Reordering, Snapshot, Spread, TcpLayer, Verdict},
+    snapshot::{
+        FlowReport, InterfaceEvents, Memory, Reordering, Snapshot, Spread, TcpLayer, Verdict,
+    },
     source::Flow,
 };
 
@@ -118,6 +120,7 @@ struct Previous {
     dropped_events: u64,
     evicted_flows: u64,
     expired_idle: u64,
+    interface: InterfaceEvents,
     flows: HashMap<Flow, FlowCounts>,
 }
 
@@ -139,6 +142,8 @@ struct IntervalReport<'a> {
     tracked_flows: u64,
     evicted_flows: u64,
     expired_idle: u64,
+    /// Times the interface went down, and went away and came back.
+    interface: InterfaceEvents,
     memory: Memory,
     /// The active flows, the most reordered in the interval first, at most
     /// [`LISTED_FLOWS`].
@@ -265,6 +270,7 @@ impl Intervals {
         let prev = &self.previous;
         let totals = counts(s.totals.segments, &s.totals.reordering, &s.totals.tcp_layer);
         let kernel = s.kernel.clone().unwrap_or_default();
+        let interface = s.interface.unwrap_or_default();
         let kernel_grown: Map<String, Value> = kernel
             .iter()
             .map(|(k, v)| {
@@ -336,6 +342,12 @@ impl Intervals {
             tracked_flows: s.tracked_flows,
             evicted_flows: s.evicted_flows.saturating_sub(prev.evicted_flows),
             expired_idle: s.memory.expired_idle.saturating_sub(prev.expired_idle),
+            interface: InterfaceEvents {
+                went_down: interface.went_down.saturating_sub(prev.interface.went_down),
+                attached_again: interface
+                    .attached_again
+                    .saturating_sub(prev.interface.attached_again),
+            },
             memory: s.memory,
             flows: listed,
             fix: s.fix.clone().filter(|_| steered),
@@ -347,6 +359,7 @@ impl Intervals {
             kernel,
             evicted_flows: s.evicted_flows,
             expired_idle: s.memory.expired_idle,
+            interface,
             flows,
         };
         (report, next)

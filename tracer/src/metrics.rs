@@ -128,6 +128,8 @@ struct Values {
     nic_statistics: Family<NicStatLabel, Counter>,
     nic_private_flags: Family<FlagLabel, Gauge>,
     fix_suggested: Gauge,
+    interface_down: Counter,
+    interface_attached_again: Counter,
 }
 
 /// Raises a counter to `to` (totals only grow; after the live view's
@@ -260,6 +262,10 @@ impl Metrics {
             }
         }
         v.fix_suggested.set(i64::from(s.fix.is_some()));
+        if let Some(i) = &s.interface {
+            raise(&v.interface_down, i.went_down);
+            raise(&v.interface_attached_again, i.attached_again);
+        }
     }
 }
 
@@ -401,6 +407,16 @@ fn register(r: &mut Registry, v: &Values) {
         "fix_suggested",
         "1 when flows are reordered by steering and the report suggests a fix for the NIC",
         v.fix_suggested.clone(),
+    );
+    r.register(
+        "interface_down",
+        "Times the traced interface went down (taken down, or its carrier lost; the programs stayed attached)",
+        v.interface_down.clone(),
+    );
+    r.register(
+        "interface_attached_again",
+        "Times the traced interface went away (deleted, its namespace gone) and came back, and the tracer attached to it again",
+        v.interface_attached_again.clone(),
     );
 }
 

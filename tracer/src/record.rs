@@ -21,6 +21,7 @@ use crate::{
     nic::{NicEvidence, NicWatch},
     report,
     sink::Sink,
+    snapshot::{InterfaceEvents, Snapshot},
     source::{self, Raw},
     tui,
 };
@@ -50,6 +51,9 @@ pub struct RecordOptions<'a> {
     /// Interval reports, each written when due (the caller writes the
     /// last); reopened on SIGHUP once [`catch_hangups`] ran.
     pub intervals: Option<&'a mut Intervals>,
+    /// What the interface did before this collection (earlier ones of
+    /// the same run): the metrics and reports count on from it.
+    pub interface: InterfaceEvents,
 }
 
 pub struct Outcome {
@@ -130,6 +134,10 @@ pub fn run(
     let mut received = 0u64;
     let mut decode_errors = 0u64;
     let (mut went_down, mut down_since) = (0u32, None::<Instant>);
+    let events = |went_down: u32| InterfaceEvents {
+        went_down: opts.interface.went_down + u64::from(went_down),
+        ..opts.interface
+    };
     let stop = loop {
         if let Some(name) = signals.received() {
             break StopReason::Signal(name);
@@ -194,7 +202,10 @@ pub fn run(
                 nic.read();
             }
             if let Some(m) = opts.metrics {
-                let s = engine.live_snapshot(0, None).with_nic(nic_now(&opts.nic));
+                let s = engine
+                    .live_snapshot(0, None)
+                    .with_nic(nic_now(&opts.nic))
+                    .with_interface(events(went_down));
                 m.update(&s, &counters, resident().0);
             }
             if HANGUP.swap(false, Ordering::SeqCst) {
@@ -202,7 +213,12 @@ pub fn run(
             }
             if let Some(iv) = opts.intervals.as_deref_mut() {
                 if iv.due(now) {
-                    write_interval(iv, engine, &counters, nic_now(&opts.nic), false);
+                    let s = engine
+                        .snapshot()
+                        .with_kernel(&counters)
+                        .with_nic(nic_now(&opts.nic))
+                        .with_interface(events(went_down));
+                    write_interval(iv, &s, false);
                 }
             }
             if opts.progress {
@@ -254,7 +270,10 @@ pub fn run(
         sink.flush(&counters)?;
     }
     if let Some(m) = opts.metrics {
-        let s = engine.live_snapshot(0, None).with_nic(nic_now(&opts.nic));
+        let s = engine
+            .live_snapshot(0, None)
+            .with_nic(nic_now(&opts.nic))
+            .with_interface(events(went_down));
         m.update(&s, &counters, resident().0);
     }
     Ok(Outcome {
@@ -287,18 +306,12 @@ fn reopen(sinks: &mut [&mut dyn Sink], intervals: Option<&mut Intervals>) {
     }
 }
 
-/// Ends `iv`'s interval now with the engine's whole snapshot and writes
-/// it (`last`: the run's last), saying so on stderr; a file that could not
-/// be written is said, and tracing goes on.
-pub fn write_interval(
-    iv: &mut Intervals,
-    engine: &Engine,
-    counters: &Counters,
-    nic: Option<NicEvidence>,
-    last: bool,
-) {
-    let s = engine.snapshot().with_kernel(counters).with_nic(nic);
-    match iv.write(&s, Instant::now(), last) {
+/// Ends `iv`'s interval now with `s` (the engine's whole snapshot, with
+/// the kernel's counters, the NIC and the interface) and writes it
+/// (`last`: the run's last), saying so on stderr; a file that could not be
+/// written is said, and tracing goes on.
+pub fn write_interval(iv: &mut Intervals, s: &Snapshot, last: bool) {
+    match iv.write(s, Instant::now(), last) {
         Ok(w) => eprintln!("tracer: {}; {}", w.line, w.path.display()),
         Err(e) if last => eprintln!("tracer: {e:#}: the last interval's report is lost"),
         Err(e) => eprintln!(

@@ -39,6 +39,17 @@ pub struct Snapshot {
     /// With flows reordered by steering: what to change on the NIC.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<Fix>,
+    /// What the traced interface did during a live trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<InterfaceEvents>,
+}
+
+/// What the traced interface did while it was traced: went down (its
+/// programs stayed attached) or went away and came back (attached again).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct InterfaceEvents {
+    pub went_down: u64,
+    pub attached_again: u64,
 }
 
 /// The engine's memory: its budget, what its flows hold, what it gave up
@@ -66,6 +77,12 @@ impl Snapshot {
     pub fn with_kernel(mut self, counters: &Counters) -> Self {
         self.totals.dropped_events = counters.dropped();
         self.kernel = Some(counters.named().collect());
+        self
+    }
+
+    /// Adds what the traced interface did.
+    pub fn with_interface(mut self, events: InterfaceEvents) -> Self {
+        self.interface = Some(events);
         self
     }
 

@@ -237,6 +237,12 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
         m("tracer_flows_expired_idle_total"),
         u(&memory["expired_idle"])
     );
+    let interface = &report["interface"];
+    assert_eq!(m("tracer_interface_down_total"), u(&interface["went_down"]));
+    assert_eq!(
+        m("tracer_interface_attached_again_total"),
+        u(&interface["attached_again"])
+    );
     for class in [
         "different_queue",
         "different_cpu",

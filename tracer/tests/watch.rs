@@ -100,10 +100,17 @@ fn watch_reports_every_interval_through_a_flap_a_sighup_and_sigterm() {
     // (The deletion may be seen as a down first, in the instant before
     // the link is gone.)
     let closing: Vec<String> = w.rx.try_iter().collect();
-    assert!(
-        closing.iter().any(|l| l.starts_with("down       ")),
-        "the down counted: {closing:?}"
-    );
+    let downs: u64 = closing
+        .iter()
+        .find_map(|l| l.strip_prefix("down       "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or_else(|| panic!("the down not counted: {closing:?}"))
+        .parse()
+        .unwrap();
+    let summed = |what: &str| -> u64 { read.iter().map(|(_, r)| u(&r["interface"][what])).sum() };
+    assert!(downs >= 1);
+    assert_eq!(summed("went_down"), downs, "the reports count the downs");
+    assert_eq!(summed("attached_again"), 1, "and the one deletion");
     assert!(read.len() >= 3, "{} intervals", read.len());
     for (i, (path, r)) in read.iter().enumerate() {
         let at = path.display();

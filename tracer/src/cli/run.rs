@@ -24,7 +24,7 @@ use crate::{
     record::{self, Outcome, RecordOptions, StopReason},
     report,
     sink::Sink,
-    snapshot::Snapshot,
+    snapshot::{InterfaceEvents, Snapshot},
     tui, SetupError,
 };
 use tracer_common::CAPTURE_MAX;
@@ -141,7 +141,11 @@ impl Run {
         let mut before: Option<Outcome> = None;
         loop {
             let left = duration.map(|d| d.saturating_sub(start.elapsed()));
-            let now = self.collect_attached(&mut until, left, quiet)?;
+            let earlier = InterfaceEvents {
+                went_down: before.as_ref().map_or(0, |b| u64::from(b.went_down)),
+                attached_again: u64::from(self.reattached),
+            };
+            let now = self.collect_attached(&mut until, left, quiet, earlier)?;
             let mut outcome = match before.take() {
                 Some(b) => b.then(now),
                 None => now,
@@ -206,8 +210,13 @@ impl Run {
     /// The interval under way, written as the run's last.
     fn last_interval(&mut self, outcome: &Outcome) {
         if let Some(iv) = self.out.intervals.as_mut() {
-            let nic = self.nic.evidence().cloned();
-            record::write_interval(iv, &self.engine, &outcome.counters, nic, true);
+            let s = self
+                .engine
+                .snapshot()
+                .with_kernel(&outcome.counters)
+                .with_nic(self.nic.evidence().cloned())
+                .with_interface(interface_events(outcome, self.reattached));
+            record::write_interval(iv, &s, true);
         }
     }
 
@@ -217,6 +226,7 @@ impl Run {
         until: impl FnMut() -> bool,
         duration: Option<Duration>,
         quiet: bool,
+        earlier: InterfaceEvents,
     ) -> Result<Outcome> {
         let mut sinks: Vec<&mut dyn Sink> = self.out.file.sink().into_iter().collect();
         let live = self.screen.link();
@@ -233,6 +243,7 @@ impl Run {
                 metrics: self.out.metrics.as_ref(),
                 nic: Some(&mut self.nic),
                 intervals: self.out.intervals.as_mut(),
+                interface: earlier,
             },
         )
     }
@@ -269,6 +280,7 @@ impl Ended {
         let mut s = self.engine.snapshot();
         self.engine.replay(&mut s);
         s.with_kernel(&self.outcome.counters)
+            .with_interface(interface_events(&self.outcome, self.reattached))
             .with_linux(self.linux.clone())
             .with_resident(self.outcome.peak_resident_bytes)
             .with_nic(self.nic.clone())
@@ -610,6 +622,14 @@ fn header(opts: &TracerOptions, o: &Outcome) -> String {
         o.elapsed.as_secs_f64(),
         traced_on(&opts.iface, opts.netns.as_deref()),
     )
+}
+
+/// What the interface did over a run's collections.
+fn interface_events(outcome: &Outcome, reattached: u32) -> InterfaceEvents {
+    InterfaceEvents {
+        went_down: u64::from(outcome.went_down),
+        attached_again: u64::from(reattached),
+    }
 }
 
 /// "IF" or "IF in netns NAME".

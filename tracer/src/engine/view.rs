@@ -257,6 +257,7 @@ pub(crate) fn build(
         kernel: None,
         linux: None,
         peak_resident_bytes: None,
+        interface: None,
         memory: Memory::default(),
         nic: None,
         fix: None,
