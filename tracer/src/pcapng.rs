@@ -182,6 +182,8 @@ impl PcapngWriter {
         self.out = BufWriter::with_capacity(1 << 20, file);
         self.written = 0;
         (self.packets_before, self.records_before) = (self.packets, self.records);
+        // (The run's one clock offset: every file on the same timeline,
+        // whatever the wall clock did since.)
         self.started_ns = clock_ns(libc::CLOCK_REALTIME);
         // A failure here is kept, said, and retried as any other.
         let _ = self.begin();
