@@ -460,7 +460,8 @@ fn uploads(
 /// again (the upload paused). Then half a minute more. Then: every
 /// interval's report written and read, numbered one by one, none with a
 /// lost event; the uploads' bytes exactly in them; churned flows expired;
-/// attached again once per deletion; the ring within its count and sizes,
+/// attached again once per deletion, every flap counted in the reports;
+/// the ring within its count and sizes,
 /// each file read by tshark; resident memory within the budget and flat
 /// (the second half's peak within a fifth and 16 MiB of the first's). Not
 /// in the suite: `cargo xtask validate --soak`.
@@ -519,7 +520,7 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
     let start = Instant::now();
     let mut memory: Vec<(Duration, u64)> = Vec::new();
     let mut cycles = 0u32;
-    let mut deleted = 0u32;
+    let (mut deleted, mut bounced) = (0u32, 0u32);
     while start.elapsed() < length {
         cycles += 1;
         lab.set_steering(true);
@@ -546,6 +547,7 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
             // Down for a second and up: the interface stays, and so do
             // the tracer's programs; the upload's TCP recovers.
             lab.topo.bounce_server(Duration::from_secs(1)).unwrap();
+            bounced += 1;
             "down and up"
         } else {
             // Gone and back, as a driver reload: the upload paused (its
@@ -588,6 +590,15 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
     assert!(
         deleted == 0 || said.iter().any(|l| l.contains(&again)),
         "{again}: {said:?}"
+    );
+    // Every flap counted in the reports: each deletion exactly (a deletion
+    // may also be seen as a down in the instant before the link goes).
+    let summed = |what: &str| -> u64 { read.iter().map(|(_, r)| u(&r["interface"][what])).sum() };
+    assert_eq!(summed("attached_again"), u64::from(deleted));
+    assert!(
+        (u64::from(bounced)..=u64::from(bounced + deleted)).contains(&summed("went_down")),
+        "{} downs for {bounced} bounces and {deleted} deletions",
+        summed("went_down")
     );
     let files = std::fs::read_dir(&ring)
         .unwrap()
