@@ -75,7 +75,7 @@ fn the_steering_alert_fires_and_resolves_and_every_panel_answers() {
         }
         panels += 1;
     }
-    assert_eq!(panels, 8);
+    assert_eq!(panels, 9);
     let interfaces = prometheus.api("/api/v1/label/interface/values?match[]=tracer_segments_total");
     assert_eq!(interfaces, serde_json::json!([lab::SERVER_IF]));
 
