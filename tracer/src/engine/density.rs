@@ -36,12 +36,23 @@ impl Bins {
     }
 
     fn counts(&self, zero_index: usize, len: usize) -> Vec<u64> {
-        let mut v = match &self.others {
-            Some(o) => o.to_vec(),
-            None => vec![0; len],
-        };
-        v[zero_index] = self.zero;
+        let mut v = Vec::new();
+        self.add_counts(&mut v, zero_index, len);
         v
+    }
+
+    /// Adds the counts to `into`, grown to `len`: summing flows without
+    /// a copy of each.
+    fn add_counts(&self, into: &mut Vec<u64>, zero_index: usize, len: usize) {
+        if into.len() < len {
+            into.resize(len, 0);
+        }
+        if let Some(o) = &self.others {
+            for (a, b) in into.iter_mut().zip(o.iter()) {
+                *a += b;
+            }
+        }
+        into[zero_index] += self.zero;
     }
 }
 
@@ -144,6 +155,12 @@ impl ReorderDensity {
         self.fd.counts(dt, 2 * dt + 1)
     }
 
+    /// Adds FD[k] to `into`'s (the totals' sum over flows).
+    pub fn add_frequencies(&self, into: &mut Vec<u64>) {
+        let dt = self.dt as usize;
+        self.fd.add_counts(into, dt, 2 * dt + 1);
+    }
+
     pub fn dt(&self) -> u32 {
         self.dt
     }
@@ -223,6 +240,12 @@ impl BufferDensity {
     pub fn frequencies(&self) -> Vec<u64> {
         let bt = self.bt as usize;
         self.fb.counts(0, bt + 1)
+    }
+
+    /// Adds the frequencies to `into`'s (the totals' sum over flows).
+    pub fn add_frequencies(&self, into: &mut Vec<u64>) {
+        let bt = self.bt as usize;
+        self.fb.add_counts(into, 0, bt + 1);
     }
 
     pub fn bt(&self) -> u32 {

@@ -517,7 +517,7 @@ impl FlowTotals {
                 .add(&view::rss_check(flow, f, rss));
         }
         if let Some(w) = &f.wire {
-            self.m.add(&w.metrics_with_densities());
+            w.add_to(&mut self.m);
         }
         self.tcp_layer.add(&f.tcp_layer);
         self.segments += f.segments;
@@ -538,6 +538,16 @@ impl WireView {
         m.rd_beyond = self.rd.beyond;
         m.rbd = self.rbd.frequencies();
         m
+    }
+
+    /// Adds the metrics, with the density frequencies, to `into` without
+    /// copying them (a copy of a reordered flow's histograms is most of
+    /// what summing the flows for a snapshot cost).
+    fn add_to(&self, into: &mut Metrics) {
+        into.add(&self.m);
+        self.rd.add_frequencies(&mut into.rd);
+        into.rd_beyond += self.rd.beyond;
+        self.rbd.add_frequencies(&mut into.rbd);
     }
 }
 

@@ -325,6 +325,45 @@ fn tcp_layer_view_counts_its_own_order() {
     assert_eq!(r.rtt_us, Some(40)); // from the socket's srtt
 }
 
+/// RFC 5236 RD by hand: displacement = arrival position - rank. Flow 1
+/// (0 2 1 3 5 4 6 7): -1 twice, +1 twice, 0 four times; flow 2
+/// (0 3 1 2 4 5 6 7): -2 once, +1 twice, 0 five times. The totals count
+/// both flows' 16 segments, and RBD's the same way.
+#[test]
+fn the_totals_densities_sum_the_flows() {
+    let mut e = Engine::new(EngineConfig::default());
+    for (port, order) in [(1, [0, 2, 1, 3, 5, 4, 6, 7]), (2, [0, 3, 1, 2, 4, 5, 6, 7])] {
+        let order: Vec<_> = order.iter().map(|&n| (n, 0, 0)).collect();
+        feed(&mut e, flow(port), 100, &order);
+    }
+    let s = e.snapshot();
+    let rd = |port: u16| {
+        let f = s.flows.iter().find(|f| f.key == flow(port)).unwrap();
+        f.densities.rd.clone()
+    };
+    assert_eq!(rd(1), vec![(-1, 0.25), (0, 0.5), (1, 0.25)]);
+    assert_eq!(rd(2), vec![(-2, 0.125), (0, 0.625), (1, 0.25)]);
+    let totals = &s.totals.reordering.densities;
+    assert_eq!(
+        totals.rd,
+        vec![
+            (-2, 1.0 / 16.0),
+            (-1, 2.0 / 16.0),
+            (0, 9.0 / 16.0),
+            (1, 4.0 / 16.0)
+        ]
+    );
+    // Each flow's 8 segments: the totals' RBD is the flows' mean.
+    let mut rbd = BTreeMap::new();
+    for f in &s.flows {
+        for &(k, share) in &f.densities.rbd {
+            *rbd.entry(k).or_insert(0.0) += share / 2.0;
+        }
+    }
+    assert_eq!(totals.rbd, rbd.into_iter().collect::<Vec<_>>());
+    assert!(totals.rbd.len() > 1, "both flows held segments in a buffer");
+}
+
 #[test]
 fn flow_table_is_bounded_and_totals_survive_eviction() {
     let mut e = Engine::new(EngineConfig {
