@@ -35,12 +35,6 @@ impl Bins {
         self.others.as_ref().map_or(0, |o| 8 * o.len() as u64)
     }
 
-    fn counts(&self, zero_index: usize, len: usize) -> Vec<u64> {
-        let mut v = Vec::new();
-        self.add_counts(&mut v, zero_index, len);
-        v
-    }
-
     /// Adds the counts to `into`, grown to `len`: summing flows without
     /// a copy of each.
     fn add_counts(&self, into: &mut Vec<u64>, zero_index: usize, len: usize) {
@@ -151,8 +145,9 @@ impl ReorderDensity {
 
     /// FD[k] for k = -DT..=DT.
     pub fn frequencies(&self) -> Vec<u64> {
-        let dt = self.dt as usize;
-        self.fd.counts(dt, 2 * dt + 1)
+        let mut v = Vec::new();
+        self.add_frequencies(&mut v);
+        v
     }
 
     /// Adds FD[k] to `into`'s (the totals' sum over flows).
@@ -238,8 +233,9 @@ impl BufferDensity {
 
     /// FB[k] for k = 0..=BT.
     pub fn frequencies(&self) -> Vec<u64> {
-        let bt = self.bt as usize;
-        self.fb.counts(0, bt + 1)
+        let mut v = Vec::new();
+        self.add_frequencies(&mut v);
+        v
     }
 
     /// Adds the frequencies to `into`'s (the totals' sum over flows).
