@@ -540,9 +540,9 @@ impl WireView {
         m
     }
 
-    /// Adds the metrics, with the density frequencies, to `into` without
-    /// copying them (a copy of a reordered flow's histograms is most of
-    /// what summing the flows for a snapshot cost).
+    /// Adds the metrics, with the density frequencies, to `into`, without
+    /// first copying a reordered flow's histograms (the snapshot sums
+    /// every flow this way each second for the metrics).
     fn add_to(&self, into: &mut Metrics) {
         into.add(&self.m);
         self.rd.add_frequencies(&mut into.rd);
