@@ -240,7 +240,7 @@ fn main() {
 /// slot, the size of a flow's state, and writes one field of it.
 fn lookup_floor(train_max: u64) -> f64 {
     const WORDS: usize = std::mem::size_of::<FlowState>() / 8;
-    let mut table: FlowTable<[u64; WORDS]> = FlowTable::new(FLOWS as usize);
+    let mut table: FlowTable<Flow, [u64; WORDS]> = FlowTable::new(FLOWS as usize);
     timed(train_max, FLOWS, |s| {
         table.get_or_insert(s.flow, || [0; WORDS], |_, _| {})[WORDS / 2] +=
             u64::from(s.payload_len);

@@ -27,9 +27,9 @@ use crate::{
     nic::fix::Fix,
     output::KeptFiles,
     snapshot::{
-        FlowReport, InterfaceEvents, Memory, Reordering, Snapshot, Spread, TcpLayer, Verdict,
+        Connection, FlowReport, InterfaceEvents, Memory, Reordering, Snapshot, Spread, TcpLayer,
+        Verdict,
     },
-    source::Flow,
 };
 
 /// The flows one file lists at most: the most reordered in the interval,
@@ -37,8 +37,9 @@ use crate::{
 pub const LISTED_FLOWS: usize = 100;
 
 /// What an interval counts, of the totals and of each flow.
-const COUNTS: [&str; 14] = [
+const COUNTS: [&str; 15] = [
     "segments",
+    "stale_segments",
     "data_segments",
     "payload_bytes",
     "reordered",
@@ -56,10 +57,11 @@ const COUNTS: [&str; 14] = [
 
 type Counts = [u64; COUNTS.len()];
 
-fn counts(segments: u64, r: &Reordering, t: &TcpLayer) -> Counts {
+fn counts(segments: u64, stale_segments: u64, r: &Reordering, t: &TcpLayer) -> Counts {
     let a = &r.attribution;
     [
         segments,
+        stale_segments,
         r.data_segments,
         r.payload_bytes,
         r.reordered,
@@ -106,7 +108,7 @@ struct FlowCounts {
 impl FlowCounts {
     fn of(f: &FlowReport) -> Self {
         Self {
-            counts: counts(f.segments, &f.reordering, &f.tcp_layer),
+            counts: counts(f.segments, f.stale_segments, &f.reordering, &f.tcp_layer),
             seq_advance_bytes: f.seq_advance_bytes,
         }
     }
@@ -118,10 +120,11 @@ struct Previous {
     totals: Counts,
     kernel: BTreeMap<&'static str, u64>,
     dropped_events: u64,
+    connections: u64,
     evicted_flows: u64,
     expired_idle: u64,
     interface: InterfaceEvents,
-    flows: HashMap<Flow, FlowCounts>,
+    flows: HashMap<Connection, FlowCounts>,
 }
 
 /// One interval's file, in the order a reader wants it.
@@ -139,6 +142,8 @@ struct IntervalReport<'a> {
     active_flows: usize,
     /// The active flows per verdict (over each flow's life so far).
     verdicts: BTreeMap<Verdict, u64>,
+    /// Connections begun in the interval.
+    connections: u64,
     tracked_flows: u64,
     evicted_flows: u64,
     expired_idle: u64,
@@ -159,6 +164,10 @@ struct IntervalReport<'a> {
 struct ListedFlow<'a> {
     src: &'a str,
     dst: &'a str,
+    /// Its serial number, and how many connections the trace saw on its
+    /// 4-tuple before it.
+    connection: u64,
+    earlier_on_tuple: u32,
     verdict: Verdict,
     evidence: &'a str,
     in_interval: Map<String, Value>,
@@ -268,7 +277,8 @@ impl Intervals {
         last: bool,
     ) -> (Value, Previous) {
         let prev = &self.previous;
-        let totals = counts(s.totals.segments, &s.totals.reordering, &s.totals.tcp_layer);
+        let t = &s.totals;
+        let totals = counts(t.segments, t.stale_segments, &t.reordering, &t.tcp_layer);
         let kernel = s.kernel.clone().unwrap_or_default();
         let interface = s.interface.unwrap_or_default();
         let kernel_grown: Map<String, Value> = kernel
@@ -312,6 +322,8 @@ impl Intervals {
                 ListedFlow {
                     src: &f.src,
                     dst: &f.dst,
+                    connection: f.connection,
+                    earlier_on_tuple: f.earlier_on_tuple,
                     verdict: f.verdict,
                     evidence: &f.evidence,
                     in_interval,
@@ -339,6 +351,7 @@ impl Intervals {
             kernel: kernel_grown,
             active_flows,
             verdicts,
+            connections: s.connections().saturating_sub(prev.connections),
             tracked_flows: s.tracked_flows,
             evicted_flows: s.evicted_flows.saturating_sub(prev.evicted_flows),
             expired_idle: s.memory.expired_idle.saturating_sub(prev.expired_idle),
@@ -357,6 +370,7 @@ impl Intervals {
             totals,
             dropped_events: s.totals.dropped_events,
             kernel,
+            connections: s.connections(),
             evicted_flows: s.evicted_flows,
             expired_idle: s.memory.expired_idle,
             interface,

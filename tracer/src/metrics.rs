@@ -114,6 +114,9 @@ struct Values {
     flows: Family<VerdictLabel, Gauge>,
     tracked_flows: Gauge,
     evicted_flows: Counter,
+    connections: Counter,
+    reused_tuples: Counter,
+    stale_segments: Counter,
     overload_switches: Counter,
     resident_bytes: Gauge,
     held_bytes: Gauge,
@@ -231,6 +234,9 @@ impl Metrics {
         }
         v.tracked_flows.set(s.tracked_flows as i64);
         raise(&v.evicted_flows, s.evicted_flows);
+        raise(&v.connections, s.connections());
+        raise(&v.reused_tuples, s.reused_tuples);
+        raise(&v.stale_segments, t.stale_segments);
         raise(
             &v.overload_switches,
             counters.get(counter::OVERLOAD_ENTERED),
@@ -326,13 +332,28 @@ fn register(r: &mut Registry, v: &Values) {
     );
     r.register(
         "tracked_flows",
-        "Flow directions tracked now",
+        "Connections (one direction each) tracked now",
         v.tracked_flows.clone(),
     );
     r.register(
         "evicted_flows",
-        "Flows evicted from the bounded table (counted in the totals)",
+        "Connections evicted from the bounded table (counted in the totals)",
         v.evicted_flows.clone(),
+    );
+    r.register(
+        "connections",
+        "Connections seen (one direction each): a 4-tuple carries many in turn",
+        v.connections.clone(),
+    );
+    r.register(
+        "reused_tuples",
+        "Connections begun on a 4-tuple an earlier connection had used",
+        v.reused_tuples.clone(),
+    );
+    r.register(
+        "stale_segments",
+        "Segments of an ended connection that arrived after the next one on its 4-tuple began (counted nowhere else)",
+        v.stale_segments.clone(),
     );
     r.register(
         "overload_switches",

@@ -412,12 +412,12 @@ extern "C" fn note_signal(sig: libc::c_int) {
 
 /// SIGINT and SIGTERM stop the loop instead of the process while alive;
 /// the previous dispositions come back on drop.
-struct StopSignals {
+pub(crate) struct StopSignals {
     previous: [(libc::c_int, libc::sigaction); 2],
 }
 
 impl StopSignals {
-    fn install() -> Result<Self> {
+    pub(crate) fn install() -> Result<Self> {
         LAST_SIGNAL.store(0, Ordering::SeqCst);
         let mut previous = [
             (libc::SIGINT, unsafe { std::mem::zeroed() }),
@@ -439,7 +439,7 @@ impl StopSignals {
         Ok(Self { previous })
     }
 
-    fn received(&self) -> Option<&'static str> {
+    pub(crate) fn received(&self) -> Option<&'static str> {
         match LAST_SIGNAL.load(Ordering::SeqCst) {
             libc::SIGINT => Some("SIGINT"),
             libc::SIGTERM => Some("SIGTERM"),

@@ -22,8 +22,15 @@ use crate::{
 pub struct Snapshot {
     pub totals: Totals,
     pub flows: Vec<FlowReport>,
+    /// Connections tracked now, and given up before (evicted for room,
+    /// the budget or idleness): together, every connection seen.
     pub tracked_flows: u64,
     pub evicted_flows: u64,
+    /// Connections that began on a 4-tuple an earlier connection of the
+    /// trace had used (a new SYN, or data outside the old one's sequence
+    /// space after its FIN or RST): the 4-tuples are the connections less
+    /// these (as far as the engine still knew the earlier one).
+    pub reused_tuples: u64,
     pub config: EngineConfig,
     /// The kernel's counters, when the snapshot comes from a live trace.
     pub kernel: Option<BTreeMap<&'static str, u64>>,
@@ -42,6 +49,10 @@ pub struct Snapshot {
     /// What the traced interface did during a live trace.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub interface: Option<InterfaceEvents>,
+    /// The user asked for the report without waiting for the replay (a
+    /// second SIGINT): no flow carries one, nor do the totals.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replay_skipped: bool,
 }
 
 /// What the traced interface did while it was traced: went down (its
@@ -73,6 +84,11 @@ pub struct Memory {
 }
 
 impl Snapshot {
+    /// Every connection the trace saw.
+    pub fn connections(&self) -> u64 {
+        self.tracked_flows + self.evicted_flows
+    }
+
     /// Adds what the kernel counted (dropped events above all).
     pub fn with_kernel(mut self, counters: &Counters) -> Self {
         self.totals.dropped_events = counters.dropped();
@@ -221,6 +237,10 @@ pub struct Reordering {
 pub struct Totals {
     /// All XDP segments, data or not.
     pub segments: u64,
+    /// Of them, segments of an ended connection that arrived after the
+    /// next one on its 4-tuple began: counted here only, never as the new
+    /// one's reordering, retransmissions or ambiguity.
+    pub stale_segments: u64,
     #[serde(flatten)]
     pub reordering: Reordering,
     pub tcp_layer: TcpLayer,
@@ -277,14 +297,30 @@ pub struct Spread {
     pub segments: u64,
 }
 
+/// One connection: its flow direction (one way of its 4-tuple) and the
+/// serial number the trace gave it (1 for the first connection seen): a
+/// 4-tuple carries many connections in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Connection {
+    pub flow: Flow,
+    pub serial: u64,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct FlowReport {
-    /// The flow it reports, as the engine knows it.
+    /// The connection it reports, as the engine knows it.
     #[serde(skip)]
-    pub key: Flow,
+    pub key: Connection,
     pub src: String,
     pub dst: String,
+    /// Its serial number ([`Connection::serial`]).
+    pub connection: u64,
+    /// Connections the trace saw on its 4-tuple before it (0: the first).
+    pub earlier_on_tuple: u32,
     pub segments: u64,
+    /// Segments of the connection before it on its 4-tuple that arrived
+    /// after it began (among `segments`; in no other count).
+    pub stale_segments: u64,
     #[serde(flatten)]
     pub reordering: Reordering,
     pub rx_queues: Vec<Spread>,
@@ -315,8 +351,13 @@ pub struct FlowReport {
 }
 
 impl FlowReport {
+    /// `src -> dst`, and `#N` for the Nth connection the trace saw on its
+    /// 4-tuple (N > 1).
     pub fn flow(&self) -> String {
-        format!("{} -> {}", self.src, self.dst)
+        match self.earlier_on_tuple {
+            0 => format!("{} -> {}", self.src, self.dst),
+            n => format!("{} -> {} #{}", self.src, self.dst, n + 1),
+        }
     }
 
     /// Its mean goodput over its lifetime, Mbit/s: how far its sequence
@@ -427,6 +468,9 @@ pub struct TcpLayer {
     /// segment is lost to the receiver: reordering a segment by more than
     /// a timestamp tick costs a retransmission.
     pub paws_discarded: u64,
+    /// Data of the connection before it on its 4-tuple, processed after
+    /// it began (in no other count).
+    pub stale: u64,
 }
 
 impl TcpLayer {
@@ -445,6 +489,7 @@ impl TcpLayer {
         self.duplicates += o.duplicates;
         self.ofo_segments += o.ofo_segments;
         self.paws_discarded += o.paws_discarded;
+        self.stale += o.stale;
     }
 }
 

@@ -224,6 +224,12 @@ fn metrics_follow_the_traffic_and_agree_with_the_report() {
     assert_eq!(m("tracer_cpu_migrations_total"), u(&t["cpu_migrations"]));
     assert_eq!(m("tracer_dropped_events_total"), u(&t["dropped_events"]));
     assert_eq!(m("tracer_tracked_flows"), u(&report["tracked_flows"]));
+    assert_eq!(
+        m("tracer_connections_total"),
+        u(&report["tracked_flows"]) + u(&report["evicted_flows"])
+    );
+    assert_eq!(m("tracer_reused_tuples_total"), u(&report["reused_tuples"]));
+    assert_eq!(m("tracer_stale_segments_total"), u(&t["stale_segments"]));
     let memory = &report["memory"];
     assert_eq!(m("tracer_flows_budget_bytes"), u(&memory["budget_bytes"]));
     assert!(m("tracer_flows_held_bytes") > 0.0);

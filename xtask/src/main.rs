@@ -565,6 +565,8 @@ fn bench() -> Result<ExitCode> {
         "events",
         "--bench",
         "lab",
+        "--bench",
+        "report",
     ]))?;
     Ok(ExitCode::SUCCESS)
 }

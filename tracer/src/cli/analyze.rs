@@ -56,7 +56,7 @@ pub fn analyze(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
         b.finish_and_clear();
     }
     let mut snapshot = engine.snapshot();
-    engine.replay(&mut snapshot);
+    super::run::replay(&engine, &mut snapshot);
     // Our own traces carry the kernel's counters: the report is record's.
     if let Some(k) = &summary.kernel {
         snapshot = snapshot.with_kernel(k).with_linux(summary.linux.clone());

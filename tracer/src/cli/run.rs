@@ -273,12 +273,49 @@ impl Run {
     }
 }
 
+/// Replays every flow of `s` (a snapshot of `engine`), with a progress
+/// bar on a terminal once it has taken a second; a SIGINT or SIGTERM
+/// meanwhile gives up the replay (said), so that the report comes at once.
+pub(crate) fn replay(engine: &Engine, s: &mut Snapshot) {
+    let signals = record::StopSignals::install();
+    let start = Instant::now();
+    let bar = indicatif::ProgressBar::hidden();
+    let shown = std::io::stderr().is_terminal();
+    let whole = engine.replay_while(s, |done, of| {
+        if shown && bar.is_hidden() && start.elapsed() >= Duration::from_secs(1) {
+            bar.set_length(of as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "replaying {pos}/{len} connections {bar:40} {eta} (Ctrl-C: the report without it)",
+                )
+                .expect("template"),
+            );
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+        bar.set_position(done as u64);
+        match signals.as_ref().ok().and_then(|g| g.received()) {
+            Some(signal) => {
+                bar.finish_and_clear();
+                eprintln!(
+                    "tracer: {signal} while replaying ({done} of {of} connections done): the report without the replay"
+                );
+                false
+            }
+            None => true,
+        }
+    });
+    if whole {
+        bar.finish_and_clear();
+    }
+}
+
 impl Ended {
-    /// The engine's snapshot, every flow replayed (the costly part), with
-    /// the kernel's counters, release and the collector's peak memory.
+    /// The engine's snapshot, every flow replayed (the costly part: see
+    /// [`replay`]), with the kernel's counters, release and the
+    /// collector's peak memory.
     pub fn snapshot(&self) -> Snapshot {
         let mut s = self.engine.snapshot();
-        self.engine.replay(&mut s);
+        replay(&self.engine, &mut s);
         s.with_kernel(&self.outcome.counters)
             .with_interface(interface_events(&self.outcome, self.reattached))
             .with_linux(self.linux.clone())

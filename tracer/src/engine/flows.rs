@@ -1,5 +1,5 @@
-//! The bounded flow table: flow direction -> state, least recently used
-//! evicted first.
+//! The bounded flow table: key (a connection) -> state, least recently
+//! used evicted first.
 //!
 //! Built for the per-segment path, where a flow's first segment of a train
 //! misses the caches: one lookup should cost as few dependent misses as
@@ -18,45 +18,46 @@
 //! poll of one queue), so the previous access's slot is checked before the
 //! index.
 
-use std::{collections::VecDeque, hash::BuildHasher};
+use std::{
+    collections::VecDeque,
+    hash::{BuildHasher, Hash},
+};
 
 use hashbrown::HashTable;
 use rustc_hash::FxBuildHasher;
 
-use crate::source::Flow;
-
 /// The recency queue is compacted at twice the flows held, or this.
 const MIN_QUEUE: usize = 64;
 
-pub struct FlowTable<V> {
+pub struct FlowTable<K, V> {
     cap: usize,
-    /// Slot numbers, by their flow's hash.
+    /// Slot numbers, by their key's hash.
     index: HashTable<u32>,
-    slots: Vec<Slot<V>>,
+    slots: Vec<Slot<K, V>>,
     /// (stamp, slot) in stamp order; an entry is live while the slot still
     /// carries that stamp.
     queue: VecDeque<(u64, u32)>,
     clock: u64,
-    /// The flow accessed last and its slot.
-    last: Option<(Flow, u32)>,
+    /// The key accessed last and its slot.
+    last: Option<(K, u32)>,
     /// [`held_bytes`](Self::held_bytes), weighed as the table grows.
     held: u64,
 }
 
-/// A flow, its last-use stamp and its state: the lookup's key comparison,
+/// A key, its last-use stamp and its state: the lookup's key comparison,
 /// the stamp and the state's first fields share the first cache line.
 #[repr(C, align(64))]
-struct Slot<V> {
+struct Slot<K, V> {
     stamp: u64,
-    flow: Flow,
+    key: K,
     value: V,
 }
 
-fn hash(flow: &Flow) -> u64 {
-    FxBuildHasher.hash_one(flow)
+fn hash<K: Hash>(key: &K) -> u64 {
+    FxBuildHasher.hash_one(key)
 }
 
-impl<V> FlowTable<V> {
+impl<K: Copy + Eq + Hash, V> FlowTable<K, V> {
     pub fn new(cap: usize) -> Self {
         Self {
             cap: cap.max(1),
@@ -77,37 +78,37 @@ impl<V> FlowTable<V> {
         self.slots.is_empty()
     }
 
-    fn find(&self, flow: &Flow) -> Option<u32> {
+    fn find(&self, key: &K) -> Option<u32> {
         let slots = &self.slots;
         self.index
-            .find(hash(flow), |&s| slots[s as usize].flow == *flow)
+            .find(hash(key), |&s| slots[s as usize].key == *key)
             .copied()
     }
 
-    fn index_insert(&mut self, flow: &Flow, slot: u32) {
+    fn index_insert(&mut self, key: &K, slot: u32) {
         let slots = &self.slots;
         self.index
-            .insert_unique(hash(flow), slot, |&s| hash(&slots[s as usize].flow));
+            .insert_unique(hash(key), slot, |&s| hash(&slots[s as usize].key));
     }
 
-    /// The state of `flow`, created by `fresh` if absent; when that needs
-    /// room, the least recently used flow and its state go to `evicted`.
+    /// The state of `key`, created by `fresh` if absent; when that needs
+    /// room, the least recently used key and its state go to `evicted`.
     /// (Handed to a closure, not returned: an `Option` of a large state
     /// is copied whole on every return, evicted or not, which had cost
     /// the per-segment path a 1.3 KB copy.)
     pub fn get_or_insert(
         &mut self,
-        flow: Flow,
+        key: K,
         fresh: impl FnOnce() -> V,
-        evicted: impl FnOnce(Flow, V),
+        evicted: impl FnOnce(K, V),
     ) -> &mut V {
         if let Some((last, slot)) = self.last {
-            if last == flow {
+            if last == key {
                 // Already the most recently used, and in cache.
                 return &mut self.slots[slot as usize].value;
             }
         }
-        let slot = match self.find(&flow) {
+        let slot = match self.find(&key) {
             Some(slot) => {
                 prefetch(&self.slots[slot as usize]);
                 slot
@@ -116,10 +117,10 @@ impl<V> FlowTable<V> {
                 let slot = self.slots.len() as u32;
                 self.slots.push(Slot {
                     stamp: 0,
-                    flow,
+                    key,
                     value: fresh(),
                 });
-                self.index_insert(&flow, slot);
+                self.index_insert(&key, slot);
                 self.held = self.weigh();
                 slot
             }
@@ -129,21 +130,21 @@ impl<V> FlowTable<V> {
                     &mut self.slots[slot as usize],
                     Slot {
                         stamp: 0,
-                        flow,
+                        key,
                         value: fresh(),
                     },
                 );
-                let gone = hash(&old.flow);
+                let gone = hash(&old.key);
                 self.index
                     .find_entry(gone, |&s| s == slot)
                     .expect("an indexed slot")
                     .remove();
-                self.index_insert(&flow, slot);
-                evicted(old.flow, old.value);
+                self.index_insert(&key, slot);
+                evicted(old.key, old.value);
                 slot
             }
         };
-        self.last = Some((flow, slot));
+        self.last = Some((key, slot));
         self.touch(slot);
         &mut self.slots[slot as usize].value
     }
@@ -175,14 +176,30 @@ impl<V> FlowTable<V> {
         }
     }
 
-    pub fn peek(&self, flow: &Flow) -> Option<&V> {
-        self.find(flow).map(|s| &self.slots[s as usize].value)
+    pub fn peek(&self, key: &K) -> Option<&V> {
+        self.find(key).map(|s| &self.slots[s as usize].value)
     }
 
     /// Like [`peek`](Self::peek), mutable; does not count as a use.
-    pub fn peek_mut(&mut self, flow: &Flow) -> Option<&mut V> {
-        let slot = self.find(flow)?;
+    pub fn peek_mut(&mut self, key: &K) -> Option<&mut V> {
+        let slot = self.find(key)?;
         Some(&mut self.slots[slot as usize].value)
+    }
+
+    /// Files `from`'s state under `to` (a key not in the table), its
+    /// recency unchanged. Not a use.
+    pub fn rekey(&mut self, from: &K, to: K) {
+        debug_assert!(self.find(&to).is_none(), "rekeyed onto a key in use");
+        let Some(slot) = self.find(from) else { return };
+        self.index
+            .find_entry(hash(from), |&s| s == slot)
+            .expect("an indexed slot")
+            .remove();
+        self.slots[slot as usize].key = to;
+        self.index_insert(&to, slot);
+        if self.last.is_some_and(|(_, s)| s == slot) {
+            self.last = Some((to, slot));
+        }
     }
 
     /// The state of the flow accessed last (by [`get_or_insert`](Self::get_or_insert)).
@@ -202,14 +219,14 @@ impl<V> FlowTable<V> {
         // hashbrown: a power of two of buckets, at most 7/8 full, each an
         // entry and a control byte.
         let buckets = (self.index.capacity() * 8).div_ceil(7);
-        (self.slots.capacity() * size_of::<Slot<V>>()
+        (self.slots.capacity() * size_of::<Slot<K, V>>()
             + self.queue.capacity() * size_of::<(u64, u32)>()
             + buckets * (size_of::<u32>() + 1)) as u64
     }
 
-    /// All flows, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (&Flow, &V)> {
-        self.slots.iter().map(|s| (&s.flow, &s.value))
+    /// All keys and states, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.slots.iter().map(|s| (&s.key, &s.value))
     }
 
     /// All flows' states, mutable, in no particular order; not uses.
@@ -220,7 +237,7 @@ impl<V> FlowTable<V> {
     /// Evicts flows, least recently used first, while `more` (shown each
     /// one's state before it goes) says so; hands them back. Compacts the
     /// slab: O(table) a call, for evicting many at once.
-    pub fn evict_oldest_while(&mut self, mut more: impl FnMut(&V) -> bool) -> Vec<(Flow, V)> {
+    pub fn evict_oldest_while(&mut self, mut more: impl FnMut(&V) -> bool) -> Vec<(K, V)> {
         let mut evict = vec![false; self.slots.len()];
         while let Some(&(t, s)) = self.queue.front() {
             let live = self.slots[s as usize].stamp == t;
@@ -242,12 +259,12 @@ impl<V> FlowTable<V> {
         let mut evicted = Vec::new();
         for (i, slot) in slots.into_iter().enumerate() {
             if evict[i] {
-                evicted.push((slot.flow, slot.value));
+                evicted.push((slot.key, slot.value));
             } else {
                 moved[i] = self.slots.len() as u32;
-                let flow = slot.flow;
+                let key = slot.key;
                 self.slots.push(slot);
-                self.index_insert(&flow, moved[i]);
+                self.index_insert(&key, moved[i]);
             }
         }
         self.queue.retain_mut(|(_, s)| {
@@ -280,6 +297,7 @@ fn prefetch<T>(v: &T) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::Flow;
 
     fn flow(port: u16) -> Flow {
         Flow {
@@ -289,7 +307,7 @@ mod tests {
     }
 
     /// `get_or_insert`: the value, and the flow evicted for it.
-    fn access<V: Copy>(t: &mut FlowTable<V>, f: Flow, fresh: V) -> (V, Option<(Flow, V)>) {
+    fn access<V: Copy>(t: &mut FlowTable<Flow, V>, f: Flow, fresh: V) -> (V, Option<(Flow, V)>) {
         let mut evicted = None;
         let v = *t.get_or_insert(f, || fresh, |k, old| evicted = Some((k, old)));
         (v, evicted)
@@ -362,6 +380,26 @@ mod tests {
             Some(5)
         );
         assert_eq!(*t.last_mut().unwrap(), 0);
+    }
+
+    /// A rekeyed state is found under its new key only, and keeps its
+    /// place in the eviction order.
+    #[test]
+    fn rekeying_keeps_the_state_and_its_recency() {
+        let mut t = FlowTable::new(3);
+        for port in 1..=3 {
+            access(&mut t, flow(port), u64::from(port));
+        }
+        t.rekey(&flow(1), flow(11));
+        assert_eq!(t.peek(&flow(1)), None);
+        assert_eq!(t.peek(&flow(11)), Some(&1));
+        assert_eq!(
+            access(&mut t, flow(4), 4).1.map(|(f, v)| (f.src.port(), v)),
+            Some((11, 1))
+        );
+        t.rekey(&flow(4), flow(14));
+        *t.last_mut().unwrap() += 10;
+        assert_eq!(t.peek(&flow(14)), Some(&14));
     }
 
     #[test]

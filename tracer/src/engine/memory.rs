@@ -12,8 +12,8 @@
 
 use std::mem::size_of;
 
-use super::{Engine, FlowState, Hist, HistData, LateStats};
-use crate::{snapshot::Memory, source::Flow};
+use super::{Engine, FlowState, Hist, HistData, LateStats, TableKey};
+use crate::snapshot::Memory;
 
 /// Frees an emptied map's last node (std's B-tree keeps its root when
 /// emptied: some 200 to 600 bytes a map, four maps a flow that reordered
@@ -180,15 +180,15 @@ impl Engine {
 
     /// Retires flows the table gave up (their counts and replays into the
     /// totals); how many.
-    fn retire_all(&mut self, gone: Vec<(Flow, FlowState)>) -> u64 {
+    fn retire_all(&mut self, gone: Vec<(TableKey, FlowState)>) -> u64 {
         let ctx = super::FlowContext {
             replay: &self.cfg.replay,
             replay_retired: self.cfg.replay_retired,
             link: &self.link,
             rss: self.rss.as_ref(),
         };
-        for (flow, f) in &gone {
-            self.retired.retire(flow, f, &ctx);
+        for (key, f) in &gone {
+            self.retired.retire(&key.flow, f, &ctx);
         }
         gone.len() as u64
     }
@@ -197,4 +197,5 @@ impl Engine {
 /// What evicting a flow gives back of the table (its slot, stamp, queue
 /// entries and index entry, once the table is compacted to its size).
 const FLOW_SLOT_BYTES: u64 =
-    (size_of::<(Flow, FlowState)>() + 8 + 2 * 16 + 2 * (size_of::<(Flow, u32)>() + 1)) as u64;
+    (size_of::<(TableKey, FlowState)>() + 8 + 2 * 16 + 2 * (size_of::<(TableKey, u32)>() + 1))
+        as u64;

@@ -1,9 +1,12 @@
 //! The reordering engine: observations in, per-flow and total metrics out.
 //!
 //! Pure: no I/O, no clock, no kernel; the same observation stream always
-//! gives the same [`Snapshot`]. Flow state is keyed by direction (a
-//! [`Flow`] is src -> dst) and bounded by an LRU of `max_flows` entries;
-//! an evicted flow's counts stay in the totals. What all flows hold
+//! gives the same [`Snapshot`]. State is kept per connection and direction
+//! (a [`Flow`] is src -> dst; a 4-tuple carries connections in turn: a new
+//! SYN, or data outside the old one's sequence space after its FIN or
+//! RST, begins the next, and the old one's late segments are counted
+//! stale), bounded by an LRU of `max_flows` entries; an evicted
+//! connection's counts stay in the totals. What all connections hold
 //! together is bounded by a memory budget ([`memory`]).
 //!
 //! Per flow direction, two views:
@@ -28,7 +31,7 @@ use hdrhistogram::Histogram;
 pub use crate::config::{EngineConfig, VerdictRules};
 use crate::{
     nic::rss::Rss,
-    snapshot::{Class, Live, Memory, RssTotals, Snapshot, TcpLayer},
+    snapshot::{Class, Connection, Live, Memory, RssTotals, Snapshot, TcpLayer},
     source::{Flow, Observation, Retransmit, Segment, TcpProbe},
 };
 use density::{BufferDensity, ReorderDensity};
@@ -382,6 +385,52 @@ pub struct FlowState {
     /// logs'.
     held: u64,
     logs_weighed: u64,
+    /// The connection's serial number ([`Connection::serial`]).
+    serial: u64,
+    /// Connections seen on its 4-tuple before it.
+    earlier_on_tuple: u32,
+    /// One past the last sequence number it used, once a FIN or RST said
+    /// where it ended: data outside its sequence space after that is the
+    /// next connection's.
+    closed_end: Option<u32>,
+    /// The sequence space of the connection before it on its 4-tuple: its
+    /// segments that come after this one began are stale.
+    previous: Option<SeqSpan>,
+    pub stale_segments: u64,
+}
+
+/// Sequence numbers `lo..=hi` (32 bits, wrapping).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SeqSpan {
+    lo: u32,
+    hi: u32,
+}
+
+impl SeqSpan {
+    /// Whether `seq` is within the span or at most `ahead` past it.
+    fn holds(&self, seq: u32, ahead: u32) -> bool {
+        seq.wrapping_sub(self.lo) <= self.hi.wrapping_sub(self.lo).saturating_add(ahead)
+    }
+}
+
+/// How far past its highest sequence number a connection's next data may
+/// come (a receive window larger than any host grants by default): a
+/// segment within that of the current connection is never taken for the
+/// previous one's.
+const WINDOW_AHEAD: u32 = 64 << 20;
+
+/// The table's key: a flow direction's current connection (`ended` 0), or
+/// one that ended when the next began on its 4-tuple, by its serial.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct TableKey {
+    flow: Flow,
+    ended: u64,
+}
+
+impl TableKey {
+    fn current(flow: Flow) -> Self {
+        Self { flow, ended: 0 }
+    }
 }
 
 impl FlowState {
@@ -395,6 +444,62 @@ impl FlowState {
                 .max(w.counted_end)
                 .saturating_sub(w.start)
         })
+    }
+
+    /// The sequence numbers the connection used: from its SYN (else its
+    /// first data) to the highest it reached (its FIN's, or the next it
+    /// expects); none before it had either.
+    fn seq_span(&self) -> Option<SeqSpan> {
+        let w = self.wire.as_ref();
+        let lo = self.isn.or(w.map(|w| w.start as u32))?;
+        let mut hi = w.map_or(lo.wrapping_add(1), |w| {
+            w.order.next_exp().max(w.counted_end) as u32
+        });
+        if let Some(end) = self.closed_end {
+            if (end.wrapping_sub(hi) as i32) > 0 {
+                hi = end;
+            }
+        }
+        Some(SeqSpan { lo, hi })
+    }
+
+    /// Whether `s` begins the next connection on this one's 4-tuple: a SYN
+    /// other than this connection's own, or data outside what it used
+    /// once its FIN or RST said where it ended.
+    fn ended_by(&self, s: &Segment) -> bool {
+        if s.flags & SYN != 0 {
+            return self.isn != Some(s.seq);
+        }
+        match (self.closed_end, self.seq_span()) {
+            (Some(_), Some(span)) if s.payload_len > 0 && s.flags & RST == 0 => {
+                let end = span.hi.wrapping_sub(span.lo);
+                s.seq.wrapping_sub(span.lo) >= end
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether sequence number `seq` is the previous connection's on this
+    /// 4-tuple, not this one's.
+    fn stale(&self, seq: u32) -> bool {
+        self.previous.is_some_and(|p| {
+            p.holds(seq, 0) && !self.seq_span().is_some_and(|s| s.holds(seq, WINDOW_AHEAD))
+        })
+    }
+
+    /// Notes a FIN or RST: where the connection ended.
+    fn close(&mut self, s: &Segment) {
+        let end = if s.flags & FIN != 0 {
+            s.seq.wrapping_add(s.payload_len).wrapping_add(1)
+        } else {
+            s.seq
+        };
+        if self
+            .closed_end
+            .is_none_or(|e| (end.wrapping_sub(e) as i32) > 0)
+        {
+            self.closed_end = Some(end);
+        }
     }
 
     /// The wire view's metrics, with the RFC 5236 frequencies filled in.
@@ -453,7 +558,7 @@ fn path(paths: &mut Paths, queue: u32, cpu: u32) -> &mut Path {
 
 pub struct Engine {
     cfg: EngineConfig,
-    flows: FlowTable<FlowState>,
+    flows: FlowTable<TableKey, FlowState>,
     retired: Retired,
     /// The table's bytes when the engine last weighed its memory.
     table_weighed: u64,
@@ -469,13 +574,16 @@ pub struct Engine {
     next_expiry_ns: u64,
 }
 
-/// The books on flows: what evicted ones contributed (so totals stay
-/// whole, their replays too: each is replayed as it leaves), how many were
-/// evicted, and the heap bytes the tracked ones hold ([`FlowState::held`],
-/// summed).
+/// The books on connections: what evicted ones contributed (so totals
+/// stay whole, their replays too: each is replayed as it leaves), how many
+/// began (their serial numbers) and how many of them on a 4-tuple an
+/// earlier one had used, how many were evicted, and the heap bytes the
+/// tracked ones hold ([`FlowState::held`], summed).
 #[derive(Default)]
 struct Retired {
     totals: Box<FlowTotals>,
+    begun: u64,
+    reused_tuples: u64,
     evictions: u64,
     flows_held: u64,
 }
@@ -502,6 +610,7 @@ pub struct FlowTotals {
     /// (RX queue, CPU) -> (segments, reordered).
     pub paths: BTreeMap<(u32, u32), (u64, u64)>,
     pub local_retransmits: u64,
+    pub stale_segments: u64,
     /// Evicted flows' replays, summed (tracked ones are replayed at
     /// snapshot time).
     pub replay: Option<Replay>,
@@ -527,6 +636,7 @@ impl FlowTotals {
             t.1 += p.reordered;
         }
         self.local_retransmits += f.local_retransmits;
+        self.stale_segments += f.stale_segments;
     }
 }
 
@@ -598,6 +708,7 @@ impl Engine {
         }
     }
 
+    /// `flow`'s current connection.
     fn flow(&mut self, flow: Flow, ts_ns: u64) -> &mut FlowState {
         let ctx = FlowContext {
             replay: &self.cfg.replay,
@@ -606,6 +717,19 @@ impl Engine {
             rss: self.rss.as_ref(),
         };
         tracked(&mut self.flows, &mut self.retired, &ctx, flow, ts_ns)
+    }
+
+    /// The state of connection `c`, while tracked.
+    fn connection(&self, c: &Connection) -> Option<&FlowState> {
+        self.flows
+            .peek(&TableKey::current(c.flow))
+            .filter(|f| f.serial == c.serial)
+            .or_else(|| {
+                self.flows.peek(&TableKey {
+                    flow: c.flow,
+                    ended: c.serial,
+                })
+            })
     }
 
     /// Processes one observation; wire segments with data get their class.
@@ -656,9 +780,19 @@ impl Engine {
             link,
             rss: rss.as_ref(),
         };
-        let f = tracked(flows, retired, &ctx, s.flow, s.ts_ns);
+        let mut f = tracked(flows, retired, &ctx, s.flow, s.ts_ns);
+        if f.segments > 0 && (s.flags & SYN != 0 || f.closed_end.is_some()) && f.ended_by(s) {
+            f = next_connection(flows, retired, &ctx, s);
+        }
         f.segments += 1;
         path(&mut f.paths, s.rx_queue, s.cpu).segments += 1;
+        if f.previous.is_some() && f.stale(s.seq) {
+            f.stale_segments += 1;
+            return None;
+        }
+        if s.flags & (FIN | RST) != 0 {
+            f.close(s);
+        }
         if s.flags & SYN != 0 {
             f.isn = Some(s.seq);
             // Only a client's SYN: its handshake ACK follows one RTT later.
@@ -753,6 +887,10 @@ impl Engine {
             }
             return false;
         }
+        if f.previous.is_some() && f.stale(p.seq) {
+            f.tcp_layer.stale += 1;
+            return false;
+        }
         let t = &mut f.tcp_layer;
         t.events += 1;
         t.payload_bytes += u64::from(p.payload_len);
@@ -814,6 +952,9 @@ impl Engine {
         self.retransmit_events += 1;
         let f = self.flow(r.flow, r.ts_ns);
         f.local_retransmits += 1;
+        if f.previous.is_some() && f.stale(r.seq) {
+            return;
+        }
         if let Some(w) = &mut f.wire {
             let start = w.unwrap.ext(r.seq);
             let len = u64::from(r.end_seq.wrapping_sub(r.seq));
@@ -833,8 +974,28 @@ impl Engine {
     /// sender policies, the costly part, and sums them into the totals
     /// with the evicted flows' replays (each replayed as it left).
     pub fn replay(&self, s: &mut Snapshot) {
-        for f in &mut s.flows {
-            f.replay = self.replay_of(&f.key);
+        self.replay_while(s, |_, _| true);
+    }
+
+    /// [`replay`](Self::replay), asking `go_on(replayed, of)` before each
+    /// flow; once it says no, `s` keeps no replay at all (`replay_skipped`)
+    /// and this says false.
+    pub fn replay_while(
+        &self,
+        s: &mut Snapshot,
+        mut go_on: impl FnMut(usize, usize) -> bool,
+    ) -> bool {
+        let of = s.flows.len();
+        for i in 0..of {
+            if !go_on(i, of) {
+                for f in &mut s.flows {
+                    f.replay = None;
+                }
+                s.totals.replay = Replay::total([]);
+                s.replay_skipped = true;
+                return false;
+            }
+            s.flows[i].replay = self.replay_of(&s.flows[i].key);
         }
         s.totals.replay = Replay::total(
             self.retired
@@ -843,19 +1004,19 @@ impl Engine {
                 .iter()
                 .chain(s.flows.iter().filter_map(|f| f.replay.as_ref())),
         );
+        true
     }
 
     /// For the live view: the totals, and of the flows only the `max_flows`
     /// most reordered (then the busiest) and `keep`, without replays. The
     /// whole report of 20,000 flows takes ~190 ms to build.
-    pub fn live_snapshot(&self, max_flows: usize, keep: Option<&Flow>) -> Snapshot {
+    pub fn live_snapshot(&self, max_flows: usize, keep: Option<&Connection>) -> Snapshot {
         self.snapshot_with(max_flows, keep)
     }
 
-    /// One tracked flow's replay (none before it carried data).
-    pub fn replay_of(&self, flow: &Flow) -> Option<Replay> {
-        self.flows
-            .peek(flow)
+    /// One tracked connection's replay (none before it carried data).
+    pub fn replay_of(&self, c: &Connection) -> Option<Replay> {
+        self.connection(c)
             .and_then(|f| f.replay(&self.cfg.replay, &self.link))
     }
 
@@ -869,12 +1030,12 @@ impl Engine {
     // (Out of line: inlined next to the per-segment path, it cost that
     // path a fifth of its speed in the benchmark.)
     #[inline(never)]
-    fn snapshot_with(&self, max_flows: usize, keep: Option<&Flow>) -> Snapshot {
+    fn snapshot_with(&self, max_flows: usize, keep: Option<&Connection>) -> Snapshot {
         let mut totals = (*self.retired.totals).clone();
         let mut shown: Vec<(&Flow, &FlowState)> = Vec::with_capacity(self.flows.len());
         // Over every tracked flow, not only those shown.
         let mut verdicts = BTreeMap::new();
-        for (flow, f) in self.flows.iter() {
+        for (TableKey { flow, .. }, f) in self.flows.iter() {
             totals.add_flow(flow, f, self.rss.as_ref());
             let v = f.wire.as_ref().map_or(crate::snapshot::Verdict::None, |w| {
                 verdict::of(&w.m, &self.cfg.verdict)
@@ -895,7 +1056,7 @@ impl Engine {
                 shown[max_flows..]
                     .iter()
                     .copied()
-                    .find(|(flow, _)| *flow == k)
+                    .find(|(flow, f)| **flow == k.flow && f.serial == k.serial)
             });
             shown.truncate(max_flows);
             shown.extend(kept);
@@ -919,21 +1080,27 @@ impl Engine {
                 verdicts,
                 self.flows.len() as u64,
                 self.retired.evictions,
+                self.retired.reused_tuples,
                 self.retransmit_events,
                 &self.cfg,
             )
         }
     }
 
+    /// `flow`'s current connection's state.
     pub fn flow_state(&self, flow: &Flow) -> Option<&FlowState> {
-        self.flows.peek(flow)
+        self.flows.peek(&TableKey::current(*flow))
     }
 
     /// Tells the replay what the sender's socket did on `flow` (a socket
     /// this host owns): when it took each ACK ((cumulative ACK,
     /// CLOCK_MONOTONIC ns), in its order) and when it retransmitted.
     pub fn set_sender_socket(&mut self, flow: &Flow, acks: &[SenderAck], retransmits: &[u64]) {
-        if let Some(w) = self.flows.peek_mut(flow).and_then(|f| f.wire.as_mut()) {
+        if let Some(w) = self
+            .flows
+            .peek_mut(&TableKey::current(*flow))
+            .and_then(|f| f.wire.as_mut())
+        {
             w.log.sender_socket(acks, retransmits);
         }
     }
@@ -941,7 +1108,7 @@ impl Engine {
     /// Tells the replay the sender's own RTTs for `flow` (a socket this
     /// host owns), in place of what the trace shows.
     pub fn set_sender_rtt(&mut self, flow: &Flow, srtt_ns: u64, min_rtt_ns: u64) {
-        if let Some(f) = self.flows.peek_mut(flow) {
+        if let Some(f) = self.flows.peek_mut(&TableKey::current(*flow)) {
             f.sender_rtt_ns = Some((srtt_ns, min_rtt_ns));
         }
     }
@@ -959,21 +1126,65 @@ struct FlowContext<'a> {
 }
 
 fn tracked<'a>(
-    flows: &'a mut FlowTable<FlowState>,
+    flows: &'a mut FlowTable<TableKey, FlowState>,
     retired: &mut Retired,
     ctx: &FlowContext,
     flow: Flow,
     ts_ns: u64,
 ) -> &'a mut FlowState {
+    let serial = retired.begun + 1;
+    let mut begun = false;
     let f = flows.get_or_insert(
-        flow,
-        || FlowState {
-            first_ns: ts_ns,
-            ..Default::default()
+        TableKey::current(flow),
+        || {
+            begun = true;
+            FlowState {
+                first_ns: ts_ns,
+                serial,
+                ..Default::default()
+            }
         },
-        |key, old| retired.retire(&key, &old, ctx),
+        |key, old| retired.retire(&key.flow, &old, ctx),
     );
+    if begun {
+        retired.begun = serial;
+    }
     f.last_ns = ts_ns;
+    f
+}
+
+/// Ends `s.flow`'s current connection, which `s` showed over (it stays
+/// tracked under its serial until the table gives it up), and begins the
+/// next: its state, seen last at `s`.
+#[cold]
+#[inline(never)]
+fn next_connection<'a>(
+    flows: &'a mut FlowTable<TableKey, FlowState>,
+    retired: &mut Retired,
+    ctx: &FlowContext,
+    s: &Segment,
+) -> &'a mut FlowState {
+    let current = TableKey::current(s.flow);
+    let old = flows.peek_mut(&current).expect("the current connection");
+    // Summary mode: the data the kernel counted before a SYN was the old
+    // connection's.
+    if let (true, Some(w)) = (s.flags & SYN != 0, old.wire.as_mut()) {
+        if s.summarized_before > 0 {
+            w.counted(s.summarized_before, &mut old.paths);
+        }
+    }
+    let (previous, earlier, serial) = (old.seq_span(), old.earlier_on_tuple, old.serial);
+    flows.rekey(
+        &current,
+        TableKey {
+            flow: s.flow,
+            ended: serial,
+        },
+    );
+    retired.reused_tuples += 1;
+    let f = tracked(flows, retired, ctx, s.flow, s.ts_ns);
+    f.previous = previous;
+    f.earlier_on_tuple = earlier + 1;
     f
 }
 

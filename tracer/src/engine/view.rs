@@ -15,8 +15,8 @@ use crate::{
     nic::rss::Rss,
     replay::Replay,
     snapshot::{
-        AttributionReport, Densities, Distribution, FlowReport, Memory, NReordering, Pair,
-        PathReport, Reordering, RssCheck, Runs, Snapshot, Spread, Totals, Verdict,
+        AttributionReport, Connection, Densities, Distribution, FlowReport, Memory, NReordering,
+        Pair, PathReport, Reordering, RssCheck, Runs, Snapshot, Spread, Totals, Verdict,
     },
     source::Flow,
 };
@@ -198,10 +198,16 @@ pub(crate) fn flow_report(
         });
     }
     FlowReport {
-        key: *flow,
+        key: Connection {
+            flow: *flow,
+            serial: f.serial,
+        },
         src: flow.src.to_string(),
         dst: flow.dst.to_string(),
+        connection: f.serial,
+        earlier_on_tuple: f.earlier_on_tuple,
         segments: f.segments,
+        stale_segments: f.stale_segments,
         reordering: reordering(&m),
         rx_queues: spread(&f.paths, |p| p.queue),
         cpus: spread(&f.paths, |p| p.cpu),
@@ -227,12 +233,14 @@ pub(crate) fn build(
     verdicts: BTreeMap<Verdict, u64>,
     tracked: u64,
     evicted: u64,
+    reused_tuples: u64,
     retransmit_events: u64,
     cfg: &EngineConfig,
 ) -> Snapshot {
     Snapshot {
         totals: Totals {
             segments: totals.segments,
+            stale_segments: totals.stale_segments,
             reordering: reordering(&totals.m),
             tcp_layer: totals.tcp_layer,
             paths: path_reports(totals.paths.iter().map(
@@ -253,6 +261,7 @@ pub(crate) fn build(
         flows,
         tracked_flows: tracked,
         evicted_flows: evicted,
+        reused_tuples,
         config: *cfg,
         kernel: None,
         linux: None,
@@ -261,6 +270,7 @@ pub(crate) fn build(
         memory: Memory::default(),
         nic: None,
         fix: None,
+        replay_skipped: false,
     }
 }
 

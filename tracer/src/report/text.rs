@@ -97,7 +97,9 @@ pub fn text(
     .collect();
     let _ = writeln!(
         out,
-        "  flows      {} tracked{}; verdicts: {}",
+        "  flows      {} connections on {} 4-tuples, {} tracked{}; verdicts: {}",
+        s.connections(),
+        s.connections() - s.reused_tuples,
         s.tracked_flows,
         if s.evicted_flows > 0 {
             let idle = match (s.memory.expired_idle, s.config.idle_expiry_ns) {
@@ -113,6 +115,13 @@ pub fn text(
         },
         verdicts.join(", ")
     );
+    if t.stale_segments > 0 {
+        let _ = writeln!(
+            out,
+            "  stale      {} segments of ended connections arrived after the next one on their 4-tuple began (counted nowhere else)",
+            t.stale_segments
+        );
+    }
     if let Some(r) = &t.rss {
         let _ = writeln!(
             out,
@@ -140,6 +149,12 @@ pub fn text(
         t.tcp_layer.paws_discarded,
         t.local_retransmit_events
     );
+    if opts.replay && s.replay_skipped {
+        let _ = writeln!(
+            out,
+            "  replay     not done: stopped by a second signal, for the report at once"
+        );
+    }
     if opts.replay && !s.totals.replay.policies.is_empty() {
         let _ = writeln!(
             out,
@@ -219,13 +234,17 @@ pub fn text(
 fn flow_lines(out: &mut String, f: &FlowReport, opts: TextOptions, summarized: bool) {
     let _ = writeln!(
         out,
-        "    {}  {}: {} of {} segments reordered ({}), {} retransmitted, {:.1} MB{}, rx queues {}{}, cpus {}",
+        "    {}  {}: {} of {} segments reordered ({}), {} retransmitted{}, {:.1} MB{}, rx queues {}{}, cpus {}",
         f.flow(),
         f.verdict,
         f.reordered,
         f.data_segments,
         pct(f.reordered_ratio),
         f.retransmissions,
+        match f.stale_segments {
+            0 => String::new(),
+            n => format!(", {n} stale (the connection before it on its 4-tuple)"),
+        },
         f.seq_advance_bytes as f64 / 1e6,
         if summarized {
             String::new()

@@ -43,8 +43,7 @@ pub use view::{Action, Sort, ViewState};
 use crate::{
     kernel::Counters,
     replay::Replay,
-    snapshot::{Live, Snapshot},
-    source::Flow,
+    snapshot::{Connection, Live, Snapshot},
 };
 
 /// A sender's address and what to call its flows.
@@ -82,7 +81,7 @@ enum Message {
 struct Control {
     quit: AtomicBool,
     reset: AtomicBool,
-    selected: Mutex<Option<String>>,
+    selected: Mutex<Option<Connection>>,
 }
 
 /// The collector's end: samples out, the screen's requests in.
@@ -93,8 +92,8 @@ pub struct Link {
     /// When the last rates were taken, and the segments and payload bytes
     /// then.
     rates_from: Option<(Instant, (u64, u64))>,
-    /// Flows' replays (`src -> dst`) and when each was taken.
-    replays: std::collections::HashMap<String, (Replay, Instant)>,
+    /// Connections' replays and when each was taken.
+    replays: std::collections::HashMap<Connection, (Replay, Instant)>,
     senders: Vec<SenderName>,
     next_sample: Instant,
     /// When the collection loop last asked for [`Requests`]: a sample's
@@ -107,8 +106,8 @@ pub struct Link {
 pub struct Requests {
     /// Start the counters over (the engine's, then the rates).
     pub reset: bool,
-    /// The selected flow: the sample keeps it whatever its rank.
-    pub keep: Option<Flow>,
+    /// The selected connection: the sample keeps it whatever its rank.
+    pub keep: Option<Connection>,
 }
 
 impl Link {
@@ -132,10 +131,9 @@ impl Link {
             self.rates_from = None;
             self.replays.clear();
         }
-        let selected = self.control.selected.lock().expect("not poisoned").clone();
         Requests {
             reset,
-            keep: selected.and_then(|s| s.parse().ok()),
+            keep: *self.control.selected.lock().expect("not poisoned"),
         }
     }
 
@@ -146,7 +144,7 @@ impl Link {
         &mut self,
         mut snapshot: Snapshot,
         live: Live,
-        replay_of: impl FnOnce(&Flow) -> Option<Replay>,
+        replay_of: impl FnOnce(&Connection) -> Option<Replay>,
         counters: &Counters,
         elapsed: Duration,
     ) {
@@ -165,11 +163,11 @@ impl Link {
             None => (0.0, 0.0),
         };
         self.rates_from = Some((now, totals));
-        let selected = self.control.selected.lock().expect("not poisoned").clone();
+        let selected = *self.control.selected.lock().expect("not poisoned");
         snapshot = snapshot.with_kernel(counters).name_senders(&self.senders);
-        self.replay_one(replay_of, &snapshot, selected.as_deref(), now);
+        self.replay_one(replay_of, &snapshot, selected, now);
         for f in &mut snapshot.flows {
-            f.replay = self.replays.get(&f.flow()).map(|(r, _)| r.clone());
+            f.replay = self.replays.get(&f.key).map(|(r, _)| r.clone());
         }
         let sample = Sample {
             snapshot,
@@ -190,30 +188,28 @@ impl Link {
     /// replays of flows no longer shown.
     fn replay_one(
         &mut self,
-        replay_of: impl FnOnce(&Flow) -> Option<Replay>,
+        replay_of: impl FnOnce(&Connection) -> Option<Replay>,
         shown: &Snapshot,
-        selected: Option<&str>,
+        selected: Option<Connection>,
         now: Instant,
     ) {
-        let keys: Vec<String> = shown.flows.iter().map(|f| f.flow()).collect();
+        let keys: Vec<Connection> = shown.flows.iter().map(|f| f.key).collect();
         self.replays.retain(|k, _| keys.contains(k));
-        let age = |k: &str| {
+        let age = |k: &Connection| {
             self.replays
                 .get(k)
                 .map_or(Duration::MAX, |(_, at)| now.saturating_duration_since(*at))
         };
         let due = selected
-            .filter(|k| keys.iter().any(|s| s == k) && age(k) >= REPLAY_EVERY)
-            .map(str::to_string)
+            .filter(|k| keys.contains(k) && age(k) >= REPLAY_EVERY)
             .or_else(|| {
                 keys.iter()
                     .filter(|k| age(k) >= REPLAY_EVERY)
                     .max_by_key(|k| age(k))
-                    .cloned()
+                    .copied()
             });
         let Some(flow) = due else { return };
-        let replay = flow.parse().ok().and_then(|f: Flow| replay_of(&f));
-        match replay {
+        match replay_of(&flow) {
             Some(r) => {
                 self.replays.insert(flow, (r, now));
             }
@@ -310,7 +306,7 @@ fn screen(rx: Receiver<Message>, control: &Control) -> Result<()> {
             Action::Reset => control.reset.store(true, Ordering::SeqCst),
             Action::None => {}
         }
-        *control.selected.lock().expect("not poisoned") = view.selected.clone();
+        *control.selected.lock().expect("not poisoned") = view.selected;
     }
 }
 
@@ -360,7 +356,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::{
         engine::{Engine, EngineConfig},
-        source::Segment,
+        source::{Flow, Segment},
     };
 
     /// Two flows: one moved between queues and CPUs with segments left
@@ -456,7 +452,7 @@ pub(crate) mod tests {
             "eth0 (XDP",
             "215.0k seg/s",
             "2480.5 Mbit/s",
-            "flows 2",
+            "conns 2",
             "dropped 0",
             "extent (segments), n 40",
             "late time (µs)",
@@ -539,7 +535,12 @@ pub(crate) mod tests {
     fn a_selected_flow_replaces_the_totals() {
         let s = sample(0);
         let mut view = ViewState {
-            selected: Some("10.0.0.1:2 -> 10.0.0.2:5201".into()),
+            selected: s
+                .snapshot
+                .flows
+                .iter()
+                .find(|f| f.flow() == "10.0.0.1:2 -> 10.0.0.2:5201")
+                .map(|f| f.key),
             ..ViewState::default()
         };
         let screen = text(&draw(80, 24, Some(&s), &view));

@@ -106,10 +106,10 @@ fn header_lines<'a>(
             Span::raw(dropped)
         },
         Span::raw(format!(
-            "  {} seg/s  {:.1} Mbit/s  flows {}  evicted {}  {:.1} s  ",
+            "  {} seg/s  {:.1} Mbit/s  conns {}  evicted {}  {:.1} s  ",
             si(sample.segments_per_s),
             sample.mbit_per_s,
-            s.tracked_flows,
+            s.connections(),
             s.evicted_flows,
             sample.elapsed.as_secs_f64(),
         )),
@@ -288,8 +288,7 @@ fn flows_table(frame: &mut Frame, area: Rect, sample: &Sample, view: &ViewState)
         )));
     let at = view
         .selected
-        .as_deref()
-        .and_then(|k| flows.iter().position(|f| f.flow() == k));
+        .and_then(|k| flows.iter().position(|f| f.key == k));
     let mut state = TableState::default().with_selected(at);
     frame.render_stateful_widget(table, area, &mut state);
 }

@@ -4,7 +4,7 @@
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
-use crate::snapshot::{FlowReport, Snapshot};
+use crate::snapshot::{Connection, FlowReport, Snapshot};
 
 /// How the flows table is ordered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,8 +51,8 @@ pub enum Action {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ViewState {
-    /// The selected flow (`src -> dst`); none: all flows.
-    pub selected: Option<String>,
+    /// The selected connection; none: all of them.
+    pub selected: Option<Connection>,
     pub sort: Sort,
     /// The display keeps its last sample.
     pub paused: bool,
@@ -76,8 +76,8 @@ impl ViewState {
 
     /// The selected flow, if it is in `s`.
     pub fn selected_flow<'a>(&self, s: &'a Snapshot) -> Option<&'a FlowReport> {
-        let key = self.selected.as_deref()?;
-        s.flows.iter().find(|f| f.flow() == key)
+        let key = self.selected?;
+        s.flows.iter().find(|f| f.key == key)
     }
 
     /// Applies `key`; `snapshot` is what the screen shows (for moving the
@@ -109,8 +109,7 @@ impl ViewState {
         let flows = self.sorted(s);
         let at = self
             .selected
-            .as_deref()
-            .and_then(|k| flows.iter().position(|f| f.flow() == k));
+            .and_then(|k| flows.iter().position(|f| f.key == k));
         let next = match (at, down) {
             (None, true) => Some(0),
             (None, false) => None,
@@ -118,7 +117,7 @@ impl ViewState {
             (Some(0), false) => None,
             (Some(i), false) => Some(i - 1),
         };
-        self.selected = next.and_then(|i| flows.get(i)).map(|f| f.flow());
+        self.selected = next.and_then(|i| flows.get(i)).map(|f| f.key);
     }
 }
 
@@ -135,19 +134,16 @@ mod tests {
     fn keys_change_the_view_state() {
         let s = sample_snapshot();
         let mut v = ViewState::default();
-        let order: Vec<String> = v.sorted(&s).iter().map(|f| f.flow()).collect();
+        let order: Vec<Connection> = v.sorted(&s).iter().map(|f| f.key).collect();
         assert_eq!(order.len(), 2);
         // Down selects the most reordered flow, then the next; it stops at
         // the last; up goes back, and past the first to all flows.
         press(&mut v, KeyCode::Down, &s);
-        assert_eq!(v.selected.as_deref(), Some(order[0].as_str()));
+        assert_eq!(v.selected, Some(order[0]));
         press(&mut v, KeyCode::Down, &s);
         press(&mut v, KeyCode::Down, &s);
-        assert_eq!(v.selected.as_deref(), Some(order[1].as_str()));
-        assert_eq!(
-            v.selected_flow(&s).map(|f| f.flow()),
-            Some(order[1].clone())
-        );
+        assert_eq!(v.selected, Some(order[1]));
+        assert_eq!(v.selected_flow(&s).map(|f| f.key), Some(order[1]));
         press(&mut v, KeyCode::Up, &s);
         press(&mut v, KeyCode::Up, &s);
         assert_eq!(v.selected, None);
