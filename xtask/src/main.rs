@@ -151,6 +151,10 @@ const APT_PACKAGES: &[&str] = &[
     "binutils",
     "systemd",
     "man-db",
+    // Real servers and clients for the lab's edge-host traffic.
+    "nginx",
+    "wrk",
+    "curl",
 ];
 
 fn main() -> ExitCode {

@@ -393,10 +393,21 @@ pub struct FlowState {
     /// where it ended: data outside its sequence space after that is the
     /// next connection's.
     closed_end: Option<u32>,
-    /// The sequence space of the connection before it on its 4-tuple: its
-    /// segments that come after this one began are stale.
-    previous: Option<SeqSpan>,
+    /// The connection before it on its 4-tuple: its segments that come
+    /// after this one began are stale.
+    previous: Option<Previous>,
     pub stale_segments: u64,
+}
+
+/// What tells the connection before this one on its 4-tuple from this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Previous {
+    /// The sequence numbers it used.
+    span: SeqSpan,
+    /// This one's SYN's TSval: a segment with an older one was sent before
+    /// this connection began (Linux and most hosts keep one timestamp
+    /// clock for a pair of addresses).
+    since_tsval: Option<u32>,
 }
 
 /// Sequence numbers `lo..=hi` (32 bits, wrapping).
@@ -414,9 +425,9 @@ impl SeqSpan {
 }
 
 /// How far past its highest sequence number a connection's next data may
-/// come (a receive window larger than any host grants by default): a
-/// segment within that of the current connection is never taken for the
-/// previous one's.
+/// come (a receive window larger than any host grants by default): data
+/// within that of the current connection is never taken for the previous
+/// one's.
 const WINDOW_AHEAD: u32 = 64 << 20;
 
 /// The table's key: a flow direction's current connection (`ended` 0), or
@@ -479,12 +490,24 @@ impl FlowState {
         }
     }
 
-    /// Whether sequence number `seq` is the previous connection's on this
-    /// 4-tuple, not this one's.
-    fn stale(&self, seq: u32) -> bool {
-        self.previous.is_some_and(|p| {
-            p.holds(seq, 0) && !self.seq_span().is_some_and(|s| s.holds(seq, WINDOW_AHEAD))
-        })
+    /// Whether a segment at `seq` (with data or not, its TSval) is the
+    /// previous connection's on this 4-tuple, not this one's: within the
+    /// previous one's sequence numbers (a new connection's may overlap
+    /// them: Linux's ISN clock gains 15.6 M a second), and either sent
+    /// before this connection's SYN by its TSval, or beyond what this one
+    /// used (data: by more than a window; a FIN, an RST or an ACK carries
+    /// the sender's next sequence number, which is within it). (A TSval
+    /// only ever says older: a host that starts each connection's
+    /// timestamps anew may make an old one look newer.) Before this one
+    /// had a SYN or data, it is this one's.
+    fn stale(&self, seq: u32, data: bool, tsval: Option<u32>) -> bool {
+        let Some(p) = self.previous.filter(|p| p.span.holds(seq, 0)) else {
+            return false;
+        };
+        let sent_before = matches!((p.since_tsval, tsval),
+            (Some(since), Some(ts)) if (ts.wrapping_sub(since) as i32) < 0);
+        let ahead = if data { WINDOW_AHEAD } else { 0 };
+        sent_before || self.seq_span().is_some_and(|s| !s.holds(seq, ahead))
     }
 
     /// Notes a FIN or RST: where the connection ended.
@@ -786,7 +809,7 @@ impl Engine {
         }
         f.segments += 1;
         path(&mut f.paths, s.rx_queue, s.cpu).segments += 1;
-        if f.previous.is_some() && f.stale(s.seq) {
+        if f.previous.is_some() && f.stale(s.seq, s.payload_len > 0, s.timestamp.map(|t| t.0)) {
             f.stale_segments += 1;
             return None;
         }
@@ -887,7 +910,7 @@ impl Engine {
             }
             return false;
         }
-        if f.previous.is_some() && f.stale(p.seq) {
+        if f.previous.is_some() && f.stale(p.seq, p.payload_len > 0, p.tsval) {
             f.tcp_layer.stale += 1;
             return false;
         }
@@ -952,7 +975,7 @@ impl Engine {
         self.retransmit_events += 1;
         let f = self.flow(r.flow, r.ts_ns);
         f.local_retransmits += 1;
-        if f.previous.is_some() && f.stale(r.seq) {
+        if f.previous.is_some() && f.stale(r.seq, true, None) {
             return;
         }
         if let Some(w) = &mut f.wire {
@@ -1078,10 +1101,12 @@ impl Engine {
                 &totals,
                 flows,
                 verdicts,
-                self.flows.len() as u64,
-                self.retired.evictions,
-                self.retired.reused_tuples,
-                self.retransmit_events,
+                view::Tally {
+                    tracked: self.flows.len() as u64,
+                    evicted: self.retired.evictions,
+                    reused_tuples: self.retired.reused_tuples,
+                    retransmit_events: self.retransmit_events,
+                },
                 &self.cfg,
             )
         }
@@ -1173,7 +1198,11 @@ fn next_connection<'a>(
             w.counted(s.summarized_before, &mut old.paths);
         }
     }
-    let (previous, earlier, serial) = (old.seq_span(), old.earlier_on_tuple, old.serial);
+    let previous = old.seq_span().map(|span| Previous {
+        span,
+        since_tsval: s.timestamp.map(|t| t.0).filter(|_| s.flags & SYN != 0),
+    });
+    let (earlier, serial) = (old.earlier_on_tuple, old.serial);
     flows.rekey(
         &current,
         TableKey {
@@ -1185,6 +1214,9 @@ fn next_connection<'a>(
     let f = tracked(flows, retired, ctx, s.flow, s.ts_ns);
     f.previous = previous;
     f.earlier_on_tuple = earlier + 1;
+    if s.flags & SYN != 0 {
+        f.isn = Some(s.seq);
+    }
     f
 }
 

@@ -745,11 +745,17 @@ fn the_old_connections_late_segments_are_stale() {
     let mut e = Engine::new(EngineConfig::default());
     let f = flow(1);
     connection(&mut e, f, 1000, 5, 0);
+    // The new connection, its sender's timestamp clock on since.
+    let new = |k: u32, t: u64| Segment {
+        timestamp: Some((2001 + k, 7)),
+        ..seg(f, 3_000_000_000, k, t, 0, 0)
+    };
     e.segment(&Segment {
         ts_ns: 100_000,
+        timestamp: Some((2000, 0)),
         ..syn(f, 3_000_000_000, 0, 0)
     });
-    e.segment(&seg(f, 3_000_000_000, 0, 110, 0, 0));
+    e.segment(&new(0, 110));
     // The old connection's third segment, and its FIN, again.
     assert!(e.segment(&seg(f, 1000, 2, 111, 0, 0)).is_none());
     e.segment(&Segment {
@@ -758,7 +764,7 @@ fn the_old_connections_late_segments_are_stale() {
         ..seg(f, 1000, 5, 112, 0, 0)
     });
     for k in 1..4 {
-        e.segment(&seg(f, 3_000_000_000, k, 112 + u64::from(k), 0, 0));
+        e.segment(&new(k, 112 + u64::from(k)));
     }
     let s = e.snapshot();
     assert_eq!(s.connections(), 2);
@@ -872,4 +878,52 @@ fn a_replay_stopped_part_way_leaves_none() {
     assert!(cut.totals.replay.policies.is_empty());
     let json = serde_json::to_value(&cut).unwrap();
     assert_eq!(json["replay_skipped"], true);
+}
+
+/// A port reused a millisecond after a 64 KiB upload: the next ISN (Linux's
+/// clock gains 15.6 M a second) lies inside the old connection's sequence
+/// numbers. What the old connection sends after the new SYN (its RST, a
+/// copy of its data with an older TSval) is stale; the new connection's
+/// data, in the same numbers, is the new one's, in order.
+#[test]
+fn overlapping_sequence_numbers_are_told_apart() {
+    let mut e = Engine::new(EngineConfig::default());
+    let f = flow(1);
+    // The old connection: 40 segments from ISN 1000, TSvals 1000..1039.
+    connection(&mut e, f, 1000, 40, 0);
+    // The new one starts 20 segments into the old one's numbers, its SYN
+    // at TSval 2000.
+    let isn = 1000 + 20 * MSS;
+    let new = |n: u32, t: u64| Segment {
+        timestamp: Some((2001 + n, 7)),
+        ..seg(f, isn, n, t, 0, 0)
+    };
+    e.segment(&Segment {
+        ts_ns: 200_000,
+        timestamp: Some((2000, 0)),
+        ..syn(f, isn, 0, 0)
+    });
+    // The old connection's RST (no timestamps), one past its FIN.
+    e.segment(&Segment {
+        seq: 1000 + 1 + 40 * MSS + 1,
+        payload_len: 0,
+        flags: RST,
+        timestamp: None,
+        ..seg(f, 1000, 0, 201, 0, 0)
+    });
+    for n in 0..10 {
+        e.segment(&new(n, 210 + u64::from(n)));
+    }
+    // A copy of the old connection's 25th segment, inside the new one's
+    // numbers, with its old TSval.
+    assert!(e.segment(&seg(f, 1000, 25, 230, 0, 0)).is_none());
+    for n in 10..30 {
+        e.segment(&new(n, 230 + u64::from(n)));
+    }
+    let s = e.snapshot();
+    assert_eq!(s.connections(), 2);
+    let new = s.flows.iter().find(|f| f.earlier_on_tuple == 1).unwrap();
+    assert_eq!(new.stale_segments, 2);
+    assert_eq!((new.data_segments, new.in_order), (30, 30));
+    assert_eq!(new.seq_advance_bytes, 30 * u64::from(MSS));
 }

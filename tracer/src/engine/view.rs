@@ -225,16 +225,22 @@ pub(crate) fn flow_report(
     }
 }
 
+/// What the engine counted of its connections and events, beside the
+/// flows' totals.
+pub(crate) struct Tally {
+    pub tracked: u64,
+    pub evicted: u64,
+    pub reused_tuples: u64,
+    pub retransmit_events: u64,
+}
+
 /// `verdicts`: flows per verdict over all tracked flows (`flows` may be
 /// only the most reordered).
 pub(crate) fn build(
     totals: &FlowTotals,
     flows: Vec<FlowReport>,
     verdicts: BTreeMap<Verdict, u64>,
-    tracked: u64,
-    evicted: u64,
-    reused_tuples: u64,
-    retransmit_events: u64,
+    tally: Tally,
     cfg: &EngineConfig,
 ) -> Snapshot {
     Snapshot {
@@ -251,7 +257,7 @@ pub(crate) fn build(
                     reordered,
                 },
             )),
-            local_retransmit_events: retransmit_events,
+            local_retransmit_events: tally.retransmit_events,
             verdicts,
             dropped_events: 0,
             // (None replayed yet: `Engine::replay`.)
@@ -259,9 +265,9 @@ pub(crate) fn build(
             rss: totals.rss,
         },
         flows,
-        tracked_flows: tracked,
-        evicted_flows: evicted,
-        reused_tuples,
+        tracked_flows: tally.tracked,
+        evicted_flows: tally.evicted,
+        reused_tuples: tally.reused_tuples,
         config: *cfg,
         kernel: None,
         linux: None,

@@ -23,7 +23,7 @@ use std::{
     os::fd::AsRawFd,
     path::Path,
     sync::{
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
     },
     thread::JoinHandle,
@@ -129,6 +129,8 @@ pub struct Edge {
     /// ATR mode: whether the table re-points flows (on until
     /// [`Edge::set_steering`] says otherwise).
     repointing: Arc<AtomicBool>,
+    /// Late segments made so far ([`Truth::late`]), as the truth is read.
+    late: Arc<AtomicU64>,
     thread: Option<JoinHandle<Truth>>,
     reorderer: Option<Reorderer>,
 }
@@ -226,8 +228,13 @@ impl Edge {
         };
         let stop = Arc::new(AtomicBool::new(false));
         let repointing = Arc::new(AtomicBool::new(true));
+        let late = Arc::new(AtomicU64::new(0));
         let thread = {
             let stop = stop.clone();
+            let lateness = Lateness {
+                so_far: late.clone(),
+                until,
+            };
             let repoints = Repoints {
                 period: match mode {
                     Mode::Atr { rate, .. } => Some(Duration::from_secs_f64(1.0 / rate)),
@@ -238,7 +245,7 @@ impl Edge {
             let queues = topo.queues;
             std::thread::Builder::new()
                 .name("lab-edge".into())
-                .spawn(move || edge_loop(ring, flows, repoints, queues, out, until, &stop))?
+                .spawn(move || edge_loop(ring, flows, repoints, queues, out, lateness, &stop))?
         };
         Ok(Self {
             mode,
@@ -248,6 +255,7 @@ impl Edge {
             off_rss,
             stop,
             repointing,
+            late,
             thread: Some(thread),
             reorderer,
         })
@@ -258,6 +266,11 @@ impl Edge {
     /// goes on: once what was queued has left, nothing more is reordered.
     pub fn set_steering(&self, on: bool) {
         self.repointing.store(on, Ordering::SeqCst);
+    }
+
+    /// The late segments the edge has made so far, in every flow.
+    pub fn late_so_far(&self) -> u64 {
+        self.late.load(Ordering::SeqCst)
     }
 
     /// After the edge's link to the server was made again
@@ -344,13 +357,20 @@ struct Repoints {
     on: Arc<AtomicBool>,
 }
 
+/// What the edge's loop tells of the late segments it made: how many so
+/// far, and (with an [`Until`]) when there are enough.
+struct Lateness {
+    so_far: Arc<AtomicU64>,
+    until: Option<(Until, Arc<AtomicBool>)>,
+}
+
 fn edge_loop(
     mut ring: RingBuf<MapData>,
     mut flows: HashMap<MapData, u32, u32>,
     repoints: Repoints,
     queues: u32,
     mut out: TruthFile,
-    until: Option<(Until, Arc<AtomicBool>)>,
+    lateness: Lateness,
     stop: &AtomicBool,
 ) -> Truth {
     let repoint = repoints.period;
@@ -381,7 +401,8 @@ fn edge_loop(
         if stopping && !drained {
             continue;
         }
-        if let Some((until, enough)) = &until {
+        lateness.so_far.store(truth.late(), Ordering::SeqCst);
+        if let Some((until, enough)) = &lateness.until {
             if truth.fewest_late(until.flows) >= until.late {
                 enough.store(true, Ordering::SeqCst);
             }

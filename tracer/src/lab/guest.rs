@@ -424,34 +424,38 @@ pub fn route_guests(topo: &Topology) -> Result<()> {
     Ok(())
 }
 
-/// The janitor's shell words for the guests of lab `base`: kill them (every
-/// process of a guest carries `umid=NAME` on its command line) and remove
-/// their directories.
+/// The janitor's shell words for the processes of lab `base`: kill them
+/// (every process of a guest carries `umid=NAME` on its command line, the
+/// lab's nginx, wrk and curl a file of its directory) and remove their
+/// directories.
 pub fn leftovers_script(base: &str) -> String {
     let tmp = std::env::temp_dir();
     // ("[t]racer": the pattern must not match this shell's own command
     // line, which holds it.)
     let rest = base.strip_prefix('t').unwrap_or(base);
     format!(
-        "pkill -KILL -f 'umid=[t]{rest}-' 2>/dev/null; rm -rf {}/{base}-* 2>/dev/null; ",
-        tmp.display()
+        "pkill -KILL -f '(umid=|{tmp}/)[t]{rest}-' 2>/dev/null; rm -rf {tmp}/{base}-* 2>/dev/null; ",
+        tmp = tmp.display()
     )
 }
 
-/// Kills the guests of labs named from `prefix` (of a process that is
-/// gone) and removes their directories.
+/// Kills the processes of labs named from `prefix` (of a process that is
+/// gone: guests, and the lab's nginx, wrk and curl) and removes their
+/// directories.
 pub fn kill_leftovers(prefix: &str) {
     let needle = format!("umid={prefix}");
+    let file = format!("{}/{prefix}", std::env::temp_dir().display());
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<libc::pid_t>() else {
             continue;
         };
         let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if cmdline
-            .split(|&b| b == 0)
-            .any(|arg| arg.starts_with(needle.as_bytes()))
-        {
-            // SAFETY: a plain signal to a leftover guest process.
+        let ours = |arg: &[u8]| {
+            arg.starts_with(needle.as_bytes())
+                || arg.windows(file.len()).any(|w| w == file.as_bytes())
+        };
+        if cmdline.split(|&b| b == 0).any(ours) {
+            // SAFETY: a plain signal to a leftover lab process.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }

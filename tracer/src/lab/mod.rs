@@ -23,6 +23,7 @@
 
 mod edge;
 pub mod guest;
+pub mod http;
 mod janitor;
 mod nfqueue;
 mod pattern;
@@ -834,6 +835,11 @@ impl Lab {
         if let Some(edge) = &self.edge {
             edge.set_steering(on);
         }
+    }
+
+    /// The late segments the edge has made so far, over every flow.
+    pub fn late_so_far(&self) -> u64 {
+        self.edge.as_ref().map_or(0, Edge::late_so_far)
     }
 
     /// The upload is over (finished, failed or stopped).

@@ -15,6 +15,7 @@ use tracer::{
     lab::{self, Lab},
 };
 
+pub mod edge_truth;
 mod host;
 pub mod prometheus;
 pub mod watched;
