@@ -241,6 +241,9 @@ pub struct Totals {
     /// next one on its 4-tuple began: counted here only, never as the new
     /// one's reordering, retransmissions or ambiguity.
     pub stale_segments: u64,
+    /// How far every connection's sequence numbers advanced: the data
+    /// they moved, each byte once (evicted connections' too).
+    pub seq_advance_bytes: u64,
     #[serde(flatten)]
     pub reordering: Reordering,
     pub tcp_layer: TcpLayer,

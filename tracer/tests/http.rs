@@ -20,7 +20,7 @@ use std::{
 use serde_json::Value;
 use tracer::lab::{
     self,
-    http::{self, Connections, Nginx, Request},
+    http::{self, Connections, Load, Nginx, Request},
     in_netns, truth, Lab, LabSpec, WanSpec,
 };
 
@@ -32,6 +32,18 @@ const PORTS: (u16, u16) = (40_000, 40_007);
 const BODY: usize = 64 << 10;
 /// Late segments the ATR edge must make.
 const LATE: u64 = 50;
+
+/// wrk's load: `connections` over two threads, 64 KiB POSTs, each on its
+/// own connection.
+fn load(connections: u32, duration: Duration) -> Load {
+    Load {
+        threads: 2,
+        connections,
+        duration,
+        body: BODY,
+        how: Connections::Close,
+    }
+}
 
 /// `tracer record --json ARGS` on the lab's server, once it traces.
 fn tracing(lab: &Lab, args: &[&str]) -> (Child, mpsc::Receiver<String>) {
@@ -81,13 +93,9 @@ fn to_nginx(r: &Value, nginx: SocketAddr) -> Vec<&Value> {
         .collect()
 }
 
-fn port(f: &Value) -> u16 {
-    let src = f["src"].as_str().unwrap();
-    src.rsplit(':').next().unwrap().parse().unwrap()
-}
-
 /// Every connection nginx had is one the tracer reported, and every byte
-/// nginx read from each client port is in that port's connections. (wrk
+/// nginx read from each client port is in that port's connections, and in
+/// the totals. (wrk
 /// also opens a connection to try the server before it starts, and sends
 /// nothing on it: nginx logs no request, the tracer a connection without
 /// data.)
@@ -104,11 +112,18 @@ fn every_connection_and_byte(r: &Value, nginx: SocketAddr, requests: &[Request])
         connections.len(),
         "connections with data: the tracer's against nginx's"
     );
-    let mut seen: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut seen: BTreeMap<SocketAddr, u64> = BTreeMap::new();
     for f in &ours {
-        *seen.entry(port(f)).or_default() += u(&f["seq_advance_bytes"]);
+        let src = f["src"].as_str().unwrap().parse().unwrap();
+        *seen.entry(src).or_default() += u(&f["seq_advance_bytes"]);
     }
-    assert_eq!(seen, http::bytes_by_port(requests), "bytes per client port");
+    assert_eq!(
+        seen,
+        http::bytes_by_client(requests),
+        "bytes per client port"
+    );
+    let read: u64 = requests.iter().map(|q| q.bytes).sum();
+    assert_eq!(u(&r["totals"]["seq_advance_bytes"]), read);
     // Each 4-tuple carried its connections in turn: all but the first on
     // each were begun on a 4-tuple used before.
     let ports = seen.len() as u64;
@@ -128,30 +143,21 @@ fn nginx_uploads_from_wrk_and_curl_on_reused_ports_are_each_connection_and_byte(
         return;
     }
     let mut lab = Lab::create(&LabSpec::new(lab::Mode::Off, 4)).expect("lab");
-    http::reuse_ports(&lab.topo, PORTS.0, PORTS.1).unwrap();
+    http::reuse_ports(&lab.topo.client_ns, PORTS.0, PORTS.1).unwrap();
     let nginx = Nginx::start(&lab.topo).unwrap();
     let url = nginx.url();
     let (child, _rx) = tracing(&lab, &[]);
     let resent_before = client_retransmissions(&lab);
-    let topo = &lab.topo;
-    let close = http::wrk(
-        topo,
-        &url,
-        2,
-        4,
-        Duration::from_secs(4),
-        BODY,
-        Connections::Close,
-    )
-    .unwrap();
+    let (topo, client) = (&lab.topo, &lab.topo.client_ns);
+    let close = http::wrk(topo, client, &url, load(4, Duration::from_secs(4))).unwrap();
     let kept = http::wrk(
         topo,
+        client,
         &url,
-        1,
-        2,
-        Duration::from_secs(2),
-        BODY,
-        Connections::KeepAlive,
+        Load {
+            how: Connections::KeepAlive,
+            ..load(2, Duration::from_secs(2))
+        },
     )
     .unwrap();
     http::curl(topo, &url, 20, 2, BODY, Connections::Close).unwrap();
@@ -218,15 +224,15 @@ fn nginx_uploads_through_the_atr_edge_are_found_segment_by_segment() {
     };
     spec.truth_out = Some(truth_file.clone());
     let mut lab = Lab::create(&spec).expect("lab");
-    http::reuse_ports(&lab.topo, PORTS.0, PORTS.1).unwrap();
+    http::reuse_ports(&lab.topo.client_ns, PORTS.0, PORTS.1).unwrap();
     let nginx = Nginx::start(&lab.topo).unwrap();
     let url = nginx.url();
     let (child, _rx) = tracing(&lab, &["--out", obs.to_str().unwrap()]);
     let began = Instant::now();
     let mut rounds = 0;
     while lab.late_so_far() < LATE && began.elapsed() < Duration::from_secs(120) {
-        let two = Duration::from_secs(2);
-        http::wrk(&lab.topo, &url, 2, 4, two, BODY, Connections::Close).unwrap();
+        let two = load(4, Duration::from_secs(2));
+        http::wrk(&lab.topo, &lab.topo.client_ns, &url, two).unwrap();
         rounds += 1;
     }
     let enough = lab.late_so_far() >= LATE;

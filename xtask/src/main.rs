@@ -77,8 +77,11 @@ enum Task {
         seed: bool,
         /// Instead: `tracer watch` as a service for MINUTES over the ATR
         /// lab with a real Prometheus: steering on and off (the alert
-        /// firing and resolving), interface flaps, churn; every interval's
-        /// report, no event lost, memory flat within the budget.
+        /// firing and resolving), interface flaps, churn; then an edge
+        /// host's traffic (nginx, wrk, reused 4-tuples) under `record`
+        /// and under `watch`, MINUTES each: every interval's report, no
+        /// event lost, memory flat within the budget, the report soon
+        /// after SIGINT.
         #[arg(long, value_name = "MINUTES", conflicts_with_all = ["cells", "seed"])]
         soak: Option<f64>,
         /// Also write each lab run's JSON report into DIR (one file per

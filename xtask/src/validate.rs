@@ -661,17 +661,23 @@ fn lab_run(bin: &std::path::Path, e: &Experiment) -> Result<Value> {
     Ok(report)
 }
 
-/// `--soak MINUTES`: the service soak, an integration test kept out of
-/// the suite for its length (`tracer/tests/soak.rs`), run alone with its
-/// output shown.
+/// `--soak MINUTES`: the soaks, integration tests kept out of the suite
+/// for their length (`tracer/tests/soak.rs`), one after the other with
+/// their output shown, MINUTES each: the service through flaps, churn and
+/// steering switched on and off; an edge host's traffic (nginx and wrk on
+/// reused 4-tuples through the ATR edge), under `record` then under
+/// `watch`; and nginx and wrk on a plain path under `record`, every byte
+/// and nothing out of order.
 pub fn soak(minutes: f64) -> Result<ExitCode> {
     if !(minutes > 0.0 && minutes <= 24.0 * 60.0) {
         bail!("--soak {minutes}: give 0 to 1440 minutes");
     }
     sh(cargo()
         .args(["test", "--package", "tracer", "--test", "soak", "--"])
-        .args(["--ignored", "--exact", "--nocapture"])
+        .args(["--ignored", "--exact", "--nocapture", "--test-threads=1"])
         .arg("watch_soaks_through_flaps_churn_and_steering_switched_on_and_off")
+        .arg("an_edge_hosts_traffic_soaks_record_then_watch")
+        .arg("nginx_and_wrk_on_a_plain_path_every_byte_and_nothing_out_of_order")
         .env("TRACER_SOAK_MINUTES", minutes.to_string()))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -634,6 +634,8 @@ pub struct FlowTotals {
     pub paths: BTreeMap<(u32, u32), (u64, u64)>,
     pub local_retransmits: u64,
     pub stale_segments: u64,
+    /// [`FlowState::seq_advance`], summed.
+    pub seq_advance_bytes: u64,
     /// Evicted flows' replays, summed (tracked ones are replayed at
     /// snapshot time).
     pub replay: Option<Replay>,
@@ -660,6 +662,7 @@ impl FlowTotals {
         }
         self.local_retransmits += f.local_retransmits;
         self.stale_segments += f.stale_segments;
+        self.seq_advance_bytes += f.seq_advance();
     }
 }
 

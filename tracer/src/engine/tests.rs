@@ -379,6 +379,7 @@ fn flow_table_is_bounded_and_totals_survive_eviction() {
     assert_eq!(s.evicted_flows, 2);
     assert_eq!(s.totals.reordering.data_segments, 50);
     assert_eq!(s.totals.segments, 55);
+    assert_eq!(s.totals.seq_advance_bytes, 50 * u64::from(MSS));
     // The least recently used were evicted.
     let ports: Vec<_> = s.flows.iter().map(|f| f.src.clone()).collect();
     assert!(!ports.contains(&"10.0.0.1:1".to_string()));
@@ -719,6 +720,7 @@ fn connections_reusing_a_4_tuple_are_each_their_own() {
             (0, 0, 0, 0)
         );
         assert_eq!(s.totals.stale_segments, 0);
+        assert_eq!(s.totals.seq_advance_bytes, 10_000 * u64::from(MSS));
         assert_eq!(s.flows.len(), 2000);
         assert!(s
             .flows

@@ -247,6 +247,7 @@ pub(crate) fn build(
         totals: Totals {
             segments: totals.segments,
             stale_segments: totals.stale_segments,
+            seq_advance_bytes: totals.seq_advance_bytes,
             reordering: reordering(&totals.m),
             tcp_layer: totals.tcp_layer,
             paths: path_reports(totals.paths.iter().map(

@@ -430,11 +430,12 @@ pub fn route_guests(topo: &Topology) -> Result<()> {
 /// directories.
 pub fn leftovers_script(base: &str) -> String {
     let tmp = std::env::temp_dir();
-    // ("[t]racer": the pattern must not match this shell's own command
-    // line, which holds it.)
+    // ("[t]racer", in the pattern and the glob alike: nothing of this
+    // shell's own command line may match the pattern, or pkill would end
+    // the shell before it deletes the namespaces.)
     let rest = base.strip_prefix('t').unwrap_or(base);
     format!(
-        "pkill -KILL -f '(umid=|{tmp}/)[t]{rest}-' 2>/dev/null; rm -rf {tmp}/{base}-* 2>/dev/null; ",
+        "pkill -KILL -f '(umid=|{tmp}/)[t]{rest}-' 2>/dev/null; rm -rf {tmp}/[t]{rest}-* 2>/dev/null; ",
         tmp = tmp.display()
     )
 }

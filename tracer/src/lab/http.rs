@@ -6,10 +6,10 @@
 //!
 //! nginx reads each request's body whole (it proxies the request to a
 //! second server on its own loopback: a location that only answered would
-//! discard the body unread) and logs, per request, the client's port, its
-//! connection's serial number and the bytes it read (`$request_length`:
-//! request line, headers and body): what the tracer must find, byte for
-//! byte, in the connections it reports.
+//! discard the body unread) and logs, per request, the client's address and
+//! port, its connection's serial number and the bytes it read
+//! (`$request_length`: request line, headers and body): what the tracer
+//! must find, byte for byte, in the connections it reports.
 //!
 //! Each runs as a child process in its namespace, its files in a
 //! directory named after the lab (`/tmp/tracer-lab-PID-N-http`), so that
@@ -34,7 +34,7 @@ pub const HTTP_PORT: u16 = 8080;
 /// One request as nginx logged it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
-    pub client_port: u16,
+    pub client: SocketAddr,
     /// nginx's serial number of the connection that carried it.
     pub connection: u64,
     /// Bytes nginx read for it: request line, headers and body.
@@ -98,16 +98,19 @@ impl Nginx {
         log.lines()
             .map(|line| {
                 let f: Vec<&str> = line.split_whitespace().collect();
+                let bad = || format!("nginx's access log line {line:?}");
                 let field = |i: usize| {
                     f.get(i)
                         .and_then(|v| v.parse::<u64>().ok())
-                        .with_context(|| format!("nginx's access log line {line:?}"))
+                        .with_context(bad)
                 };
+                let ip: std::net::IpAddr =
+                    f.first().and_then(|a| a.parse().ok()).with_context(bad)?;
                 Ok(Request {
-                    client_port: field(0)? as u16,
-                    connection: field(1)?,
-                    bytes: field(2)?,
-                    status: field(3)? as u16,
+                    client: SocketAddr::new(ip, field(1)? as u16),
+                    connection: field(2)?,
+                    bytes: field(3)?,
+                    status: field(4)? as u16,
                 })
             })
             .collect()
@@ -134,7 +137,7 @@ pid {d}/nginx.pid;
 error_log {d}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
-    log_format requests '$remote_port $connection $request_length $status';
+    log_format requests '$remote_addr $remote_port $connection $request_length $status';
     access_log {d}/access.log requests;
     client_body_temp_path {d}/body;
     proxy_temp_path {d}/proxy;
@@ -173,13 +176,13 @@ fn missing(what: &str, e: std::io::Error) -> anyhow::Error {
     .into()
 }
 
-/// The client's connections take their ports from `first..=last` only, as
-/// soon as the last connection on the port closed: the client keeps no
+/// Clients in namespace `ns` take their ports from `first..=last` only,
+/// as soon as the last connection on the port closed: they keep no
 /// TIME_WAIT (`tcp_max_tw_buckets` 0, as a NAT gives a port to the next
 /// connection), so every 4-tuple carries connection after connection,
 /// milliseconds apart.
-pub fn reuse_ports(topo: &Topology, first: u16, last: u16) -> Result<()> {
-    in_netns(&topo.client_ns, || -> Result<()> {
+pub fn reuse_ports(ns: &str, first: u16, last: u16) -> Result<()> {
+    in_netns(ns, || -> Result<()> {
         write_sysctl("net.ipv4.ip_local_port_range", &format!("{first} {last}"))?;
         write_sysctl("net.ipv4.tcp_max_tw_buckets", "0")
     })?
@@ -202,17 +205,27 @@ pub struct WrkReport {
     pub errors: u64,
 }
 
-/// wrk in the client's namespace: `connections` at once over `threads`,
-/// POSTing `body` bytes each, for `duration`.
-pub fn wrk(
-    topo: &Topology,
-    url: &str,
-    threads: u32,
-    connections: u32,
-    duration: Duration,
-    body: usize,
-    how: Connections,
-) -> Result<WrkReport> {
+/// What a wrk run sends: `connections` at once over `threads`, each
+/// POSTing `body` bytes, for `duration`.
+#[derive(Clone, Copy, Debug)]
+pub struct Load {
+    pub threads: u32,
+    pub connections: u32,
+    pub duration: Duration,
+    pub body: usize,
+    pub how: Connections,
+}
+
+/// wrk in namespace `from` (the lab's client's, or its edge's: nearer the
+/// server) sending `load` to `url`.
+pub fn wrk(topo: &Topology, from: &str, url: &str, load: Load) -> Result<WrkReport> {
+    let Load {
+        threads,
+        connections,
+        duration,
+        body,
+        how,
+    } = load;
     let dir = std::env::temp_dir().join(format!("{}-http", topo.base));
     let script = dir.join(format!("wrk-{body}-{how:?}.lua"));
     let close = match how {
@@ -225,7 +238,7 @@ pub fn wrk(
     )
     .context("writing wrk's script")?;
     let out = Command::new("ip")
-        .args(["netns", "exec", &topo.client_ns, "wrk"])
+        .args(["netns", "exec", from, "wrk"])
         .arg(format!("-t{threads}"))
         .arg(format!("-c{connections}"))
         .arg(format!("-d{}s", duration.as_secs().max(1)))
@@ -303,11 +316,11 @@ pub fn curl(
     Ok(())
 }
 
-/// Bytes nginx read, per client port.
-pub fn bytes_by_port(requests: &[Request]) -> BTreeMap<u16, u64> {
+/// Bytes nginx read, per client address and port.
+pub fn bytes_by_client(requests: &[Request]) -> BTreeMap<SocketAddr, u64> {
     let mut by = BTreeMap::new();
     for r in requests {
-        *by.entry(r.client_port).or_default() += r.bytes;
+        *by.entry(r.client).or_default() += r.bytes;
     }
     by
 }
