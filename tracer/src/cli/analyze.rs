@@ -3,7 +3,7 @@
 
 use std::{io::IsTerminal, process::ExitCode, time::Duration};
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 
 use super::flags::{filter, AnalyzeArgs};
 use crate::{
@@ -78,7 +78,8 @@ pub fn analyze(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     } else if replay_only {
         print!("{}", report::replay_text(&snapshot, &header));
     } else if args.report.json {
-        println!("{}", report::json(&snapshot));
+        report::write_json(&snapshot, None, std::io::stdout().lock())
+            .context("writing the JSON report to stdout")?;
     } else {
         let opts = report::TextOptions {
             replay: args.report.replay,

@@ -98,7 +98,7 @@ pub fn lab(args: LabArgs) -> Result<ExitCode> {
     });
     // One snapshot for both reports: it runs every flow's replay.
     let snapshot = ended.snapshot().name_senders(&spec.sender_addresses());
-    ended.report(&snapshot, &args.trace.report, value);
+    ended.report(&snapshot, &args.trace.report, value)?;
     let lab_outcome = lab_outcome?;
     if !args.trace.report.json {
         let opts = report::TextOptions {

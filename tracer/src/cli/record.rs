@@ -35,6 +35,6 @@ pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
     let reattached = args
         .reattach
         .then(|| ("reattached", serde_json::json!(ended.reattached)));
-    ended.report(&ended.snapshot(), &args.trace.report, reattached);
+    ended.report(&ended.snapshot(), &args.trace.report, reattached)?;
     ended.finish(args.trace.report.json)
 }

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
 
 use super::flags::{metrics_addr, ReportArgs, TraceArgs};
 use crate::{
@@ -330,13 +330,10 @@ impl Ended {
         snapshot: &Snapshot,
         flags: &ReportArgs,
         extra: Option<(&str, serde_json::Value)>,
-    ) {
+    ) -> Result<()> {
         if flags.json {
-            let mut v = serde_json::to_value(snapshot).expect("snapshot serialises");
-            if let Some((key, value)) = extra {
-                v[key] = value;
-            }
-            println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+            report::write_json(snapshot, extra, std::io::stdout().lock())
+                .context("writing the JSON report to stdout")?;
         } else {
             print!(
                 "{}",
@@ -352,6 +349,7 @@ impl Ended {
                 )
             );
         }
+        Ok(())
     }
 
     /// Final lines shared by every command (stderr when stdout is JSON), and
