@@ -623,15 +623,7 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
         assert!(common::tshark_frames(f) > 0, "{}", f.display());
     }
     let soaked = start.elapsed().as_secs_f64();
-    for (i, (path, r)) in read.iter().enumerate() {
-        assert_eq!(
-            u(&r["interval"]["number"]),
-            i as u64 + 1,
-            "{}",
-            path.display()
-        );
-        assert_eq!(u(&r["dropped_events"]), 0, "{}", path.display());
-    }
+    every_report_numbered_none_lost(&read);
     let covered: f64 = read
         .iter()
         .map(|(_, r)| r["interval"]["seconds"].as_f64().unwrap())
@@ -655,6 +647,15 @@ fn watch_soaks_through_flaps_churn_and_steering_switched_on_and_off() {
     );
     assert!(peak(&memory) <= BUDGET_MIB << 20);
     assert!(second <= first + first / 5 + (16 << 20), "{memory:?}");
+}
+
+/// watch's interval reports, numbered one by one, none with a lost event.
+fn every_report_numbered_none_lost(read: &[common::watched::Report]) {
+    for (i, (path, r)) in read.iter().enumerate() {
+        let at = path.display();
+        assert_eq!(u(&r["interval"]["number"]), i as u64 + 1, "{at}");
+        assert_eq!(u(&r["dropped_events"]), 0, "{at}");
+    }
 }
 
 /// Resident memory peaks of the first and the second half of `samples`.
@@ -830,15 +831,7 @@ fn an_edge_hosts_traffic_soaks_record_then_watch() {
         second >> 20
     );
     assert_eq!(status.code(), Some(0));
-    for (i, (path, r)) in read.iter().enumerate() {
-        assert_eq!(
-            u(&r["interval"]["number"]),
-            i as u64 + 1,
-            "{}",
-            path.display()
-        );
-        assert_eq!(u(&r["dropped_events"]), 0, "{}", path.display());
-    }
+    every_report_numbered_none_lost(&read);
     assert!(begun >= had, "{begun} connections begun, {had} at nginx");
     assert!(first.max(second) <= WATCH_BUDGET_MIB << 20);
     assert!(flat_once_full(&memory), "{memory:?}");
