@@ -89,6 +89,16 @@ impl Snapshot {
         self.tracked_flows + self.evicted_flows
     }
 
+    /// The report without the replay, as asked: no flow keeps one, nor do
+    /// the totals (a report with some flows replayed would mislead).
+    pub fn skip_replay(&mut self) {
+        for f in &mut self.flows {
+            f.replay = None;
+        }
+        self.totals.replay = Replay::total([]);
+        self.replay_skipped = true;
+    }
+
     /// Adds what the kernel counted (dropped events above all).
     pub fn with_kernel(mut self, counters: &Counters) -> Self {
         self.totals.dropped_events = counters.dropped();

@@ -830,6 +830,17 @@ fn an_edge_hosts_traffic_soaks_record_then_watch() {
         first >> 20,
         second >> 20
     );
+    for (_, r) in read.iter().filter(|(_, r)| u(&r["dropped_events"]) > 0) {
+        eprintln!(
+            "interval {} ({:.1} s): {} events lost, {} data segments, {} connections begun, {} tracked",
+            r["interval"]["number"],
+            r["interval"]["seconds"].as_f64().unwrap_or(0.0),
+            r["dropped_events"],
+            r["totals"]["data_segments"],
+            r["connections"],
+            r["tracked_flows"]
+        );
+    }
     assert_eq!(status.code(), Some(0));
     every_report_numbered_none_lost(&read);
     assert!(begun >= had, "{begun} connections begun, {had} at nginx");

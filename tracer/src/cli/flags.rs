@@ -13,6 +13,7 @@ use crate::{
     lab,
     nic::rss::Rss,
     plot::ColorBy,
+    replay::ClassicUndo,
     record, SetupError,
 };
 use tracer_common::CAPTURE_MAX;
@@ -199,10 +200,24 @@ pub struct ReportArgs {
     /// Replay: RACK-TLP's initial reordering-window multiplier (RFC 8985: 1).
     #[arg(long, value_name = "N")]
     pub(crate) reo_wnd_mult: Option<u32>,
-    /// Replay: the classic sender undoes spurious recoveries (timestamps,
-    /// DSACK) as Linux does; default: never, as Windows before RACK-TLP.
-    #[arg(long)]
-    pub(crate) classic_undo: bool,
+    /// Replay: when the classic sender undoes a recovery: `dsack`, once
+    /// the receiver's DSACKs prove it spurious, as Linux's RFC 6675
+    /// recovery does (the lab's classic guest); `never`, as a sender
+    /// without DSACK undo (Windows before RACK-TLP).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        default_value_t = ClassicUndo::Dsack,
+        num_args = 0..=1,
+        default_missing_value = "dsack"
+    )]
+    pub(crate) classic_undo: ClassicUndo,
+    /// Replay: whether the receiver sent DSACKs, by which senders undo
+    /// spurious recoveries (default: what this host's net.ipv4.tcp_dsack
+    /// says, for a live trace; else on, Linux's default).
+    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
+    pub(crate) receiver_dsack: Option<bool>,
     /// Replay: transmit times from the sender's TCP timestamps (1 ms
     /// ticks) even where its socket is this host's, as for a remote sender.
     #[arg(long)]
@@ -290,6 +305,7 @@ impl ReportArgs {
             dupthresh: whole("--dupthresh", self.dupthresh)?,
             reo_wnd_mult: whole("--reo-wnd-mult", self.reo_wnd_mult)?,
             classic_undo: self.classic_undo,
+            receiver_dsack: self.receiver_dsack.map(|d| (d, crate::replay::Source::Given)),
             timestamp_clock: self.timestamp_clock,
         };
         if self

@@ -16,7 +16,7 @@ use crate::{
     engine::Engine,
     intervals::Intervals,
     jsonl::JsonLines,
-    kernel::{KernelReport, Tracer, TracerOptions},
+    kernel::{netns, KernelReport, Tracer, TracerOptions},
     metrics::Metrics,
     nic::{NicEvidence, NicWatch},
     output::{KeptFiles, OutputFile},
@@ -24,7 +24,8 @@ use crate::{
     record::{self, Outcome, RecordOptions, StopReason},
     report,
     sink::Sink,
-    snapshot::{InterfaceEvents, Snapshot},
+    replay::Replay,
+    snapshot::{Connection, InterfaceEvents, Snapshot},
     tui, SetupError,
 };
 use tracer_common::CAPTURE_MAX;
@@ -85,6 +86,10 @@ impl Run {
             {
                 engine.set_rss(rss);
             }
+        }
+        // What the receiving TCP sends its senders: DSACKs, or not.
+        if let Some(v) = netns::sysctl(opts.netns.as_deref(), "net.ipv4.tcp_dsack") {
+            engine.set_receiver_dsack(v != "0");
         }
         trace.report.fit_memory(&mut engine)?;
         out.file.begin(&tracer, trace)?;
@@ -273,39 +278,71 @@ impl Run {
     }
 }
 
-/// Replays every flow of `s` (a snapshot of `engine`), with a progress
-/// bar on a terminal once it has taken a second; a SIGINT or SIGTERM
-/// meanwhile gives up the replay (said), so that the report comes at once.
+/// Replays every flow of `s` (a snapshot of `engine`) on every core, a
+/// flow at a time, with a progress bar on a terminal once it has taken a
+/// second; a SIGINT or SIGTERM meanwhile gives up the replay (said), so
+/// that the report comes at once.
 pub(crate) fn replay(engine: &Engine, s: &mut Snapshot) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
     let signals = record::StopSignals::install();
+    let keys: Vec<Connection> = s.flows.iter().map(|f| f.key).collect();
+    let of = keys.len();
+    let (next, done, stop) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let start = Instant::now();
     let bar = indicatif::ProgressBar::hidden();
     let shown = std::io::stderr().is_terminal();
-    let whole = engine.replay_while(s, |done, of| {
-        if shown && bar.is_hidden() && start.elapsed() >= Duration::from_secs(1) {
-            bar.set_length(of as u64);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "replaying {pos}/{len} connections {bar:40} {eta} (Ctrl-C: the report without it)",
-                )
-                .expect("template"),
-            );
-            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-        }
-        bar.set_position(done as u64);
-        match signals.as_ref().ok().and_then(|g| g.received()) {
-            Some(signal) => {
-                bar.finish_and_clear();
-                eprintln!(
-                    "tracer: {signal} while replaying ({done} of {of} connections done): the report without the replay"
-                );
-                false
+    let mut cut = None;
+    let replays: Vec<(usize, Option<Replay>)> = std::thread::scope(|scope| {
+        let work = || {
+            let mut mine = Vec::new();
+            while !stop.load(Relaxed) {
+                let i = next.fetch_add(1, Relaxed);
+                let Some(key) = keys.get(i) else { break };
+                mine.push((i, engine.replay_of(key)));
+                done.fetch_add(1, Relaxed);
             }
-            None => true,
+            mine
+        };
+        let handles: Vec<_> = (0..workers.min(of)).map(|_| scope.spawn(work)).collect();
+        while !handles.iter().all(|h| h.is_finished()) {
+            if shown && bar.is_hidden() && start.elapsed() >= Duration::from_secs(1) {
+                bar.set_length(of as u64);
+                bar.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "replaying {pos}/{len} connections {bar:40} {eta} (Ctrl-C: the report without it)",
+                    )
+                    .expect("template"),
+                );
+                bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+            }
+            bar.set_position(done.load(Relaxed) as u64);
+            if let Some(signal) = signals.as_ref().ok().and_then(|g| g.received()) {
+                stop.store(true, Relaxed);
+                cut = Some((signal, done.load(Relaxed)));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a replay worker"))
+            .collect()
     });
-    if whole {
-        bar.finish_and_clear();
+    bar.finish_and_clear();
+    match cut {
+        Some((signal, done)) => {
+            eprintln!(
+                "tracer: {signal} while replaying ({done} of {of} connections done): the report without the replay"
+            );
+            s.skip_replay();
+        }
+        None => {
+            for (i, r) in replays {
+                s.flows[i].replay = r;
+            }
+            engine.total_replays(s);
+        }
     }
 }
 

@@ -716,6 +716,15 @@ impl Engine {
         self.rss.as_ref()
     }
 
+    /// Whether the receiver sends DSACKs, as read from its host (unless
+    /// the user said).
+    pub fn set_receiver_dsack(&mut self, dsack: bool) {
+        let told = &mut self.cfg.replay.receiver_dsack;
+        if told.is_none() {
+            *told = Some((dsack, crate::replay::Source::Trace));
+        }
+    }
+
     /// Flows given up from here on are not replayed as they go
     /// ([`EngineConfig::replay_retired`]).
     pub fn skip_replay_of_retired(&mut self) {
@@ -998,31 +1007,19 @@ impl Engine {
 
     /// Replays each flow of `s` (a snapshot of this engine) through the
     /// sender policies, the costly part, and sums them into the totals
-    /// with the evicted flows' replays (each replayed as it left).
+    /// with the evicted flows' replays (each replayed as it left). (The
+    /// front end replays on every core, [`Engine::replay_of`] a flow at a
+    /// time, then [`Engine::total_replays`].)
     pub fn replay(&self, s: &mut Snapshot) {
-        self.replay_while(s, |_, _| true);
+        for f in &mut s.flows {
+            f.replay = self.replay_of(&f.key);
+        }
+        self.total_replays(s);
     }
 
-    /// [`replay`](Self::replay), asking `go_on(replayed, of)` before each
-    /// flow; once it says no, `s` keeps no replay at all (`replay_skipped`)
-    /// and this says false.
-    pub fn replay_while(
-        &self,
-        s: &mut Snapshot,
-        mut go_on: impl FnMut(usize, usize) -> bool,
-    ) -> bool {
-        let of = s.flows.len();
-        for i in 0..of {
-            if !go_on(i, of) {
-                for f in &mut s.flows {
-                    f.replay = None;
-                }
-                s.totals.replay = Replay::total([]);
-                s.replay_skipped = true;
-                return false;
-            }
-            s.flows[i].replay = self.replay_of(&s.flows[i].key);
-        }
+    /// Sums the replays of `s`'s flows with the evicted flows' into its
+    /// totals.
+    pub fn total_replays(&self, s: &mut Snapshot) {
         s.totals.replay = Replay::total(
             self.retired
                 .totals
@@ -1030,7 +1027,6 @@ impl Engine {
                 .iter()
                 .chain(s.flows.iter().filter_map(|f| f.replay.as_ref())),
         );
-        true
     }
 
     /// For the live view: the totals, and of the flows only the `max_flows`

@@ -69,6 +69,15 @@ fn setns(ns: &File) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A sysctl of network namespace `netns` (None: the calling thread's), as
+/// `/proc/sys` shows it to a thread inside it (`net.ipv4.tcp_dsack`);
+/// None if it cannot be read.
+pub fn sysctl(netns: Option<&str>, knob: &str) -> Option<String> {
+    let _inside = NetnsGuard::enter_opt(netns).ok()?;
+    let path = format!("/proc/sys/{}", knob.replace('.', "/"));
+    std::fs::read_to_string(path).ok().map(|v| v.trim().to_string())
+}
+
 /// The inode number of the calling thread's network namespace: the value
 /// the kernel keeps in `net->ns.inum`.
 pub fn current_inum() -> std::io::Result<u32> {

@@ -209,6 +209,8 @@ pub struct FlowLog {
     pub share: share::Share,
     /// The queue its data met ([`queueing`]).
     pub queueing: queueing::Queueing,
+    /// Its segments carried TCP timestamps.
+    pub timestamps: bool,
     /// The current bin: when it ends, bytes so far.
     bin: (u64, u64),
 }
@@ -231,6 +233,7 @@ impl Default for FlowLog {
             peak_bin_bytes: 0,
             share: share::Share::default(),
             queueing: queueing::Queueing::default(),
+            timestamps: false,
             bin: (0, 0),
         }
     }
@@ -404,6 +407,7 @@ impl FlowLog {
 
     /// New data at `seq` carried `tsval`, arriving at `ts_ns` (absolute).
     pub fn tick(&mut self, seq: u64, tsval: u32, ts_ns: u64) {
+        self.timestamps = true;
         let (Some(first), Some(a)) = (self.first_ns, &mut self.acks) else {
             return;
         };
@@ -547,9 +551,12 @@ pub struct ReplayConfig {
     pub dupthresh: Option<u32>,
     /// RACK's initial reordering-window multiplier (RFC 8985: 1).
     pub reo_wnd_mult: Option<u32>,
-    /// The classic sender undoes spurious recoveries as Linux does
-    /// (default: never, as Windows before RACK-TLP).
-    pub classic_undo: bool,
+    /// When the classic sender undoes a recovery.
+    pub classic_undo: ClassicUndo,
+    /// Whether the receiver sent DSACKs (RFC 2883), the one way a sender
+    /// without timestamps learns a recovery was spurious, and who said so
+    /// (None: not known, taken as on: Linux's default).
+    pub receiver_dsack: Option<(bool, Source)>,
     /// How long after an arrival its ACK reaches the sender's TCP
     /// (default: measured per ACK where the sender is this host's, else
     /// min_RTT).
@@ -557,6 +564,21 @@ pub struct ReplayConfig {
     /// Transmit times from the sender's timestamps even where its socket
     /// is this host's (as a remote sender's must be).
     pub timestamp_clock: bool,
+}
+
+/// When the classic sender undoes a recovery, reverting its window cut.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClassicUndo {
+    /// Once the receiver's DSACKs prove all its retransmissions spurious
+    /// (RFC 3708), as Linux's RFC 6675 recovery does without timestamps:
+    /// the lab's classic guest. (A receiver that sends no DSACKs leaves
+    /// it nothing to undo by.)
+    #[default]
+    Dsack,
+    /// Never: a sender without DSACK undo (as Windows before RACK-TLP is
+    /// taken to be).
+    Never,
 }
 
 /// The path a flow's replay ran with, and where each figure came from.
@@ -590,6 +612,15 @@ pub struct Assumptions {
     pub flows_sharing: f64,
     /// The bottleneck's queue, in bandwidth-delay products.
     pub queue_bdp: f64,
+    /// The receiver sent DSACKs: a sender can undo a recovery they prove
+    /// spurious (classic, as `classic_undo` says; linux-adaptive and
+    /// rack-tlp always).
+    pub receiver_dsack: bool,
+    pub receiver_dsack_from: Source,
+    /// The flow carried TCP timestamps: linux-adaptive and rack-tlp undo
+    /// a recovery by them too (RFC 3522), DSACKs or not; classic does not.
+    pub timestamps: bool,
+    pub classic_undo: ClassicUndo,
     pub mss_bytes: u32,
     /// Mean spacing of the sender's segments.
     pub send_interval_us: f64,
@@ -733,6 +764,10 @@ impl ReplayConfig {
             link_bps,
             flows_sharing: sharing.map_or(1.0, |s| s.flows),
             queue_bdp: self.queue_bdp.unwrap_or(DEFAULT_QUEUE_BDP),
+            receiver_dsack: self.receiver_dsack.is_none_or(|d| d.0),
+            receiver_dsack_from: self.receiver_dsack.map_or(Source::Default, |d| d.1),
+            timestamps: log.timestamps,
+            classic_undo: self.classic_undo,
             mss_bytes: log.max_payload.max(1),
             send_interval_us: if log.data_segments > 1 {
                 duration_s * 1e6 / (log.data_segments - 1) as f64
@@ -766,7 +801,7 @@ pub fn default_policies(cfg: &ReplayConfig) -> Vec<Policy> {
     vec![
         Policy::Classic {
             dupthresh,
-            undo: cfg.classic_undo,
+            undo: cfg.classic_undo == ClassicUndo::Dsack,
         },
         Policy::LinuxAdaptive {
             initial: dupthresh,

@@ -476,9 +476,13 @@ impl Policy {
         // overtakers came: `classic_step`.)
         let gap = a.segment_gap_ns();
         let rtt = (a.rtt_us * 1000.0) as u64;
+        // What the sender can undo by: the receiver's DSACKs (classic as
+        // told), and (linux-adaptive, rack-tlp) the flow's timestamps.
         let (undo, eifel) = match *self {
-            Policy::Classic { undo, .. } => (undo, false),
-            Policy::LinuxAdaptive { undo, .. } | Policy::RackTlp { undo, .. } => (undo, true),
+            Policy::Classic { undo, .. } => (undo && a.receiver_dsack, false),
+            Policy::LinuxAdaptive { undo, .. } | Policy::RackTlp { undo, .. } => {
+                (undo && (a.receiver_dsack || a.timestamps), a.timestamps)
+            }
         };
         let deliveries = match (log.acks.as_deref(), a.tcp_layer_whole) {
             (Some(l), true) => &l.tcp[..],
@@ -499,7 +503,7 @@ impl Policy {
                 .map(|c| (l, c))
         });
         let detection = match *self {
-            Policy::Classic { dupthresh, undo } => {
+            Policy::Classic { dupthresh, .. } => {
                 Some(acks::Detection::DupThresh { dupthresh, undo })
             }
             Policy::RackTlp {
@@ -509,6 +513,7 @@ impl Policy {
             } => Some(acks::Detection::Rack {
                 dupthresh,
                 reo_wnd_mult,
+                dsack: a.receiver_dsack,
             }),
             Policy::LinuxAdaptive { .. } => None,
         };
@@ -716,7 +721,9 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
                 };
                 match outcome {
                     Marked::Spurious { sent } => {
-                        pending.push(Reverse((l.arrived_ns.max(sent + rtt), Change::Dsack)));
+                        if a.receiver_dsack {
+                            pending.push(Reverse((l.arrived_ns.max(sent + rtt), Change::Dsack)));
+                        }
                         if l.arrived_ns < sent + rtt {
                             // The original filled the hole before the
                             // retransmission could: its ACK echoes the
@@ -747,7 +754,7 @@ fn rack(r: &mut Recovery, log: &FlowLog, a: &Assumptions, dupthresh: u32, mult0:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::{replay, AckLog, ReplayConfig, TraceRtt};
+    use crate::replay::{replay, AckLog, ClassicUndo, ReplayConfig, TraceRtt};
 
     const MSS: u32 = 1000;
 
@@ -984,6 +991,7 @@ mod tests {
     #[test]
     fn only_timestamps_stop_a_recovery_at_its_first_late_original() {
         let mut log = clean(10_000);
+        log.timestamps = true;
         // One hole: eight originals 100 µs late with 6 segments above,
         // eight more 250 µs late with 12 above.
         for _ in 0..8 {
@@ -993,7 +1001,7 @@ mod tests {
             late(&mut log, 20_000, 250, 12);
         }
         let cfg = ReplayConfig {
-            classic_undo: true,
+            classic_undo: ClassicUndo::Dsack,
             ..cfg()
         };
         let r = replay(&log, TraceRtt::Observed(None), &cfg, false, None);
@@ -1017,7 +1025,7 @@ mod tests {
     #[test]
     fn a_recovery_begun_before_the_dsacks_keeps_the_last_one_s_reduction() {
         let cfg = ReplayConfig {
-            classic_undo: true,
+            classic_undo: ClassicUndo::Dsack,
             ..cfg()
         };
         let classic = |second_at_us: u64| {
@@ -1070,10 +1078,50 @@ mod tests {
         for i in 0..20 {
             late(&mut log, 50_000 + i * 40_000, 100, 4);
         }
-        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
+        // A sender that never undoes (Windows before RACK-TLP).
+        let never = ReplayConfig {
+            classic_undo: ClassicUndo::Never,
+            ..cfg()
+        };
+        let r = replay(&log, TraceRtt::Observed(None), &never, false, None);
         let classic = &r.policies[0];
         assert_eq!(classic.recovery_episodes, 20);
         assert!(classic.estimated_goodput_bps < 0.9e9, "{classic:?}");
         assert!(r.rack_vs_classic.unwrap() > 1.0);
+    }
+
+    /// What a sender can undo by: the receiver's DSACKs (classic, as it
+    /// is told to; the others always), and the flow's timestamps
+    /// (linux-adaptive and rack-tlp only). The same spurious recoveries
+    /// (classic enters 20; linux-adaptive one, its threshold raised
+    /// after), undone or not by each.
+    #[test]
+    fn each_sender_undoes_by_what_it_has() {
+        let mut log = clean(100_000);
+        for i in 0..20 {
+            late(&mut log, 50_000 + i * 40_000, 100, 4);
+        }
+        let mut undone = |dsack: bool, timestamps: bool, classic_undo| {
+            log.timestamps = timestamps;
+            let cfg = ReplayConfig {
+                receiver_dsack: Some((dsack, super::super::Source::Given)),
+                classic_undo,
+                ..cfg()
+            };
+            let r = replay(&log, TraceRtt::Observed(None), &cfg, false, None);
+            let a = r.assumptions.unwrap();
+            assert_eq!((a.receiver_dsack, a.timestamps), (dsack, timestamps));
+            let by = |name: &str, episodes| {
+                let p = r.policies.iter().find(|p| p.name == name).unwrap();
+                assert_eq!(p.recovery_episodes, episodes, "{name}");
+                p.undone_recovery_episodes
+            };
+            (by("classic", 20), by("linux-adaptive", 1))
+        };
+        let dsack = ClassicUndo::Dsack;
+        assert_eq!(undone(true, false, dsack), (20, 1));
+        assert_eq!(undone(true, false, ClassicUndo::Never), (0, 1));
+        assert_eq!(undone(false, true, dsack), (0, 1));
+        assert_eq!(undone(false, false, dsack), (0, 0));
     }
 }

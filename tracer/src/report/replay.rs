@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::{
-    replay::{Replay, Source},
+    replay::{ClassicUndo, Replay, Source},
     snapshot::Snapshot,
 };
 
@@ -74,6 +74,22 @@ pub(super) fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
                 (true, _, _) => "ACK by ACK over the receiver's TCP layer, sent when the timestamps say",
                 (false, _, true) => "from the wire's late originals (the ACK-level log was given up to stay within --memory-mib)",
                 (false, _, false) => "from the wire's late originals",
+            }
+        );
+        let _ = writeln!(
+            out,
+            "{indent}undo       the receiver {} DSACKs ({}), the flow {} timestamps: {}",
+            if a.receiver_dsack { "sent" } else { "sent no" },
+            match a.receiver_dsack_from {
+                Source::Trace => "its host's net.ipv4.tcp_dsack",
+                Source::Default => "assumed: Linux's default",
+                s => from(s),
+            },
+            if a.timestamps { "carried" } else { "carried no" },
+            match (a.classic_undo, a.receiver_dsack) {
+                (ClassicUndo::Dsack, true) => "classic undoes what DSACKs prove spurious, as Linux's RFC 6675 recovery does (a sender that does not, as Windows before RACK-TLP is taken to be, carries less: --classic-undo never)",
+                (ClassicUndo::Dsack, false) => "classic undoes nothing, having no DSACKs",
+                (ClassicUndo::Never, _) => "classic never undoes (--classic-undo never)",
             }
         );
     }

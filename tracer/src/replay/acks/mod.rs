@@ -32,8 +32,13 @@ pub struct AckReplay {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Detection {
     /// RFC 8985 RACK-TLP as Linux runs it, with its undo (timestamps and
-    /// DSACK).
-    Rack { dupthresh: u32, reo_wnd_mult: u32 },
+    /// DSACK); `dsack`: the receiver sends DSACKs, which widen its
+    /// reordering window.
+    Rack {
+        dupthresh: u32,
+        reo_wnd_mult: u32,
+        dsack: bool,
+    },
     /// RFC 6675 IsLost: more than (DupThresh - 1) segments' bytes SACKed
     /// above; no reordering timer; undo as Linux's or none.
     DupThresh { dupthresh: u32, undo: bool },
@@ -148,6 +153,10 @@ mod tests {
             link_bps: 8e8,
             flows_sharing: 1.0,
             queue_bdp: 1.0,
+            receiver_dsack: true,
+            receiver_dsack_from: Source::Given,
+            timestamps: true,
+            classic_undo: crate::replay::ClassicUndo::Dsack,
             mss_bytes: MSS as u32,
             send_interval_us: 10.0,
             duration_s: 0.05,
@@ -162,6 +171,7 @@ mod tests {
     const RACK: Detection = Detection::Rack {
         dupthresh: 3,
         reo_wnd_mult: 1,
+        dsack: true,
     };
 
     fn replay_with(log: &AckLog, detection: Detection) -> AckReplay {

@@ -169,6 +169,7 @@ impl<'a> Sim<'a> {
             Detection::Rack {
                 dupthresh,
                 reo_wnd_mult,
+                ..
             } => (dupthresh, reo_wnd_mult),
             Detection::DupThresh { dupthresh, .. } => (dupthresh, 1),
         };
@@ -530,7 +531,12 @@ impl Sim<'_> {
         }
     }
 
+    /// A DSACK reaches the sender: RACK widens its reordering window (once
+    /// a round trip), if the receiver sends them.
     fn dsack(&mut self, now: u64) {
+        if matches!(self.detection, Detection::Rack { dsack: false, .. }) {
+            return;
+        }
         if now >= self.dsack_round_until {
             self.dsack_round_until = now + self.srtt;
             self.steps = (self.steps + 1).min(255);
