@@ -334,6 +334,9 @@ pub struct FlowReport {
     /// Segments of the connection before it on its 4-tuple that arrived
     /// after it began (among `segments`; in no other count).
     pub stale_segments: u64,
+    /// Segments with a FIN (stale ones aside): as many as
+    /// `tcp_layer.fins` unless one came after TCP had taken the first.
+    pub fins: u64,
     #[serde(flatten)]
     pub reordering: Reordering,
     pub rx_queues: Vec<Spread>,
@@ -484,6 +487,11 @@ pub struct TcpLayer {
     /// Data of the connection before it on its 4-tuple, processed after
     /// it began (in no other count).
     pub stale: u64,
+    /// Skbs with a FIN tcp_probe saw. tcp_probe runs only while the
+    /// socket is established: a FIN (or data) that arrives after TCP took
+    /// the connection's FIN is handled unseen, and PAWS discards counted
+    /// then are not in `paws_discarded`.
+    pub fins: u64,
 }
 
 impl TcpLayer {
@@ -503,6 +511,7 @@ impl TcpLayer {
         self.ofo_segments += o.ofo_segments;
         self.paws_discarded += o.paws_discarded;
         self.stale += o.stale;
+        self.fins += o.fins;
     }
 }
 

@@ -465,16 +465,26 @@ fn atr_reordering_is_found_segment_by_segment_at_three_intensities() {
             .map(|(f, _, _)| u(&f["tcp_layer"]["paws_discarded"]))
             .sum();
         let kernel_paws = u(&r["lab"]["receiver_counters"]["TcpExtPAWSEstab"]);
-        // A tcp_probe run the kernel skipped (counted: probe_lost, or the
-        // bytes the TCP layer missed) can hide one discarded skb, never add
-        // one.
-        let missed = u(&r["kernel"]["probe_lost"]);
+        // An skb tcp_probe did not see can hide one discarded skb, never
+        // add one: a run the kernel skipped (counted: probe_lost, or the
+        // bytes the TCP layer missed), or a FIN that came after TCP took
+        // the connection's (a tail loss probe's copy first, the original
+        // late behind it, discarded in CLOSE_WAIT where tcp_probe does not
+        // run; seen on Linux 6.1).
+        let probes_missed = u(&r["kernel"]["probe_lost"]);
+        let fins_missed: u64 = flows(&r)
+            .iter()
+            .map(|(f, _, _)| u(&f["fins"]).saturating_sub(u(&f["tcp_layer"]["fins"])))
+            .sum();
+        let missed = probes_missed + fins_missed;
         let missed_bytes: u64 = flows(&r).iter().map(|(f, _, _)| tcp_layer_missed(f)).sum();
-        eprintln!("{what}: PAWS {paws} vs PAWSEstab {kernel_paws}; {missed} tcp_probe runs missed");
+        eprintln!(
+            "{what}: PAWS {paws} vs PAWSEstab {kernel_paws}; {probes_missed} tcp_probe runs missed, {fins_missed} FINs after TCP's"
+        );
         let hidden = paws <= kernel_paws && kernel_paws - paws <= missed;
         assert!(
             same_or_short(paws, kernel_paws, missed_bytes) || hidden,
-            "{what}: PAWS {paws} vs PAWSEstab {kernel_paws}, {missed} tcp_probe runs missed, {missed_bytes} bytes"
+            "{what}: PAWS {paws} vs PAWSEstab {kernel_paws}, {probes_missed} tcp_probe runs missed, {fins_missed} FINs after TCP's, {missed_bytes} bytes"
         );
         assert_clean();
     }

@@ -397,6 +397,8 @@ pub struct FlowState {
     /// after this one began are stale.
     previous: Option<Previous>,
     pub stale_segments: u64,
+    /// Segments with a FIN it received (stale ones aside).
+    pub fins: u64,
 }
 
 /// What tells the connection before this one on its 4-tuple from this one.
@@ -825,6 +827,9 @@ impl Engine {
             f.stale_segments += 1;
             return None;
         }
+        if s.flags & FIN != 0 {
+            f.fins += 1;
+        }
         if s.flags & (FIN | RST) != 0 {
             f.close(s);
         }
@@ -903,6 +908,10 @@ impl Engine {
             f.rtt_ns = Some(u64::from(p.srtt_us) * 1000);
         }
         let paws = p.paws_rejects();
+        let stale = f.previous.is_some() && f.stale(p.seq, p.payload_len > 0, p.tsval);
+        if p.flags & FIN != 0 && !stale {
+            f.tcp_layer.fins += 1;
+        }
         if p.payload_len == 0 {
             // Without data, PAWS discards (and PAWSEstab counts) a FIN, and a
             // pure ACK unless the kernel lets it through as a "disordered
@@ -922,7 +931,7 @@ impl Engine {
             }
             return false;
         }
-        if f.previous.is_some() && f.stale(p.seq, p.payload_len > 0, p.tsval) {
+        if stale {
             f.tcp_layer.stale += 1;
             return false;
         }

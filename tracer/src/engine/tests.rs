@@ -322,7 +322,51 @@ fn tcp_layer_view_counts_its_own_order() {
     // What the kernel adds to rcv_ooopack for these: 2 + 3 + 1 + 1, and
     // the FIN.
     assert_eq!(r.tcp_layer.ofo_segments, 8);
+    assert_eq!(r.tcp_layer.fins, 4);
     assert_eq!(r.rtt_us, Some(40)); // from the socket's srtt
+}
+
+/// tcp_probe runs only for an established socket: a copy of the FIN that
+/// arrives after TCP took the first (a tail loss probe's, the original
+/// late behind it) reaches the wire's count, never the TCP layer's.
+#[test]
+fn a_fin_after_the_one_tcp_took_is_counted_on_the_wire_only() {
+    let mut e = Engine::new(EngineConfig::default());
+    let f = flow(1);
+    e.segment(&syn(f, 0, 0, 0));
+    e.segment(&seg(f, 0, 0, 10, 0, 0));
+    let fin = Segment {
+        payload_len: 0,
+        flags: ACK | FIN,
+        ..seg(f, 0, 1, 20, 0, 0)
+    };
+    e.segment(&fin);
+    e.observe(&Observation::TcpProbe(TcpProbe {
+        ts_ns: 21_000,
+        cpu: 0,
+        ifindex: 1,
+        flow: f,
+        seq: fin.seq,
+        end_seq: fin.seq + 1,
+        ack: 1,
+        payload_len: 0,
+        flags: ACK | FIN,
+        srtt_us: 40,
+        snd_cwnd: 10,
+        snd_una: 1,
+        snd_nxt: 1,
+        rcv_nxt: fin.seq,
+        gso_segs: 0,
+        tsval: Some(1001),
+        ts_recent: 1000,
+    }));
+    e.segment(&Segment {
+        ts_ns: 30_000,
+        timestamp: Some((1000, 7)),
+        ..fin
+    });
+    let r = one_flow(&e);
+    assert_eq!((r.fins, r.tcp_layer.fins), (2, 1));
 }
 
 /// RFC 5236 RD by hand: displacement = arrival position - rank. Flow 1

@@ -208,6 +208,7 @@ pub(crate) fn flow_report(
         earlier_on_tuple: f.earlier_on_tuple,
         segments: f.segments,
         stale_segments: f.stale_segments,
+        fins: f.fins,
         reordering: reordering(&m),
         rx_queues: spread(&f.paths, |p| p.queue),
         cpus: spread(&f.paths, |p| p.cpu),
