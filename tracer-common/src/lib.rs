@@ -125,6 +125,10 @@ pub struct SegmentEvent {
     /// Summary mode: this flow's data segments the kernel counted, in
     /// order, without emitting them, since its previous emitted segment.
     pub summarized: u32,
+    /// Summary mode, with `summarized` > 0: one past the last byte those
+    /// segments carried (the flow's highest before this one): they filled
+    /// the sequence space up to it, in order.
+    pub summarized_end: u32,
     pub sack: [SackBlock; MAX_SACK_BLOCKS],
 }
 

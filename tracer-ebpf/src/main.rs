@@ -428,13 +428,14 @@ mod programs {
         // filter, decided on its fixed fields alone: most segments are only
         // counted (or filtered out), never parsed further. `quick`: counted,
         // filtered and (summary mode) decided there, to emit for the reasons
-        // in `quick_why` (with `quick_summarized`), only stored below, never
-        // branched on: the verifier then walks the parser once, not once per
-        // reason. (The verifier drops this path when neither applies: both
+        // in `quick_why` (with `quick_summarized` and `quick_end`), only
+        // stored below, never branched on: the verifier then walks the
+        // parser once, not once per reason. (The verifier drops this path when neither applies: both
         // are constants to it. With an address filter: the general path.)
         let mut quick = false;
         let mut quick_why = 0;
         let mut quick_summarized = 0;
+        let mut quick_end = 0;
         if (sample != 0 || filter & FILTER_PORTS != 0) && filter & FILTER_ADDRS == 0 {
             if let Some(p) = parse::plain_ipv4(&XdpFrame::new(&ctx)) {
                 let ports = p.ports();
@@ -459,7 +460,8 @@ mod programs {
                         c.add_n(counter::XDP_SUMMARIZED_BYTES, seg.payload_len);
                         return xdp_action::XDP_PASS;
                     }
-                    (quick_why, quick_summarized) = (d.why, d.summarized);
+                    (quick_why, quick_summarized, quick_end) =
+                        (d.why, d.summarized, d.summarized_end);
                 }
                 quick = true;
             }
@@ -496,10 +498,12 @@ mod programs {
                 }
                 ev.options |= d.why;
                 ev.summarized = d.summarized;
+                ev.summarized_end = d.summarized_end;
             }
         }
         ev.options |= quick_why;
         ev.summarized |= quick_summarized;
+        ev.summarized_end |= quick_end;
         // (The clock and the interface only for what is emitted.)
         ev.kind = kind::XDP_SEGMENT;
         ev.ifindex = ctx.ingress_ifindex() as u32;
@@ -571,6 +575,7 @@ mod programs {
             return Decision {
                 why: OPT_SAMPLED,
                 summarized: 0,
+                summarized_end: 0,
             };
         };
         summary::decide(set, seg, queue, cpu, sample)

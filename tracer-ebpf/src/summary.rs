@@ -67,6 +67,8 @@ pub struct Decision {
     /// When emitted, the flow's data segments counted without being
     /// emitted before it (`SegmentEvent::summarized`).
     pub summarized: u32,
+    /// One past their last byte (`SegmentEvent::summarized_end`).
+    pub summarized_end: u32,
 }
 
 /// Two flows whose hashes pick the same set (a value of the kernel's
@@ -151,10 +153,12 @@ pub fn decide(set: &mut FlowSet, seg: &SegmentHead, queue: u32, cpu: u32, sample
             return Decision {
                 why: OPT_SAMPLED,
                 summarized: 0,
+                summarized_end: 0,
             };
         }
     }
     let state = &mut set.ways[0];
+    let summarized_end = state.high_end;
     let mut why = 0;
     if seg.payload_len > 0 {
         let from_high = seg.seq.wrapping_sub(state.high_end) as i32;
@@ -188,7 +192,11 @@ pub fn decide(set: &mut FlowSet, seg: &SegmentHead, queue: u32, cpu: u32, sample
     } else if seg.payload_len > 0 {
         state.summarized += 1;
     }
-    Decision { why, summarized }
+    Decision {
+        why,
+        summarized,
+        summarized_end,
+    }
 }
 
 /// A flow's 64-bit hash, never 0 (an empty way).
@@ -423,26 +431,44 @@ mod tests {
     }
 
     /// An emitted segment carries how many of its flow's data segments were
-    /// only counted since the last one emitted: pure ACKs are not among
-    /// them, and a new flow starts from none.
+    /// only counted since the last one emitted, and where they ended: pure
+    /// ACKs are not among them, and a new flow starts from none.
     #[test]
     fn emitted_segments_carry_the_count_of_those_kept_back() {
         let mut set = FlowSet::EMPTY;
         let tag = 0x5151;
         assert_eq!(decide(&mut set, &nth(tag, 0), 0, 0, SAMPLE).summarized, 0);
-        let kept: Vec<u32> = (1..=2 * SAMPLE)
+        let kept: Vec<(u32, u32)> = (1..=2 * SAMPLE)
             .map(|n| decide(&mut set, &nth(tag, n), 0, 0, SAMPLE))
             .filter(|d| d.why != 0)
-            .map(|d| d.summarized)
+            .map(|d| (d.summarized, d.summarized_end))
             .collect();
-        assert_eq!(kept, [SAMPLE - 1, SAMPLE - 1]);
+        // (Sampled in order: they ended where the sampled one begins.)
+        assert_eq!(
+            kept,
+            [SAMPLE, 2 * SAMPLE].map(|n| (SAMPLE - 1, nth(tag, n).seq))
+        );
         // Three counted, an ACK counted but not as data, then a late one.
         for n in 2 * SAMPLE + 1..2 * SAMPLE + 4 {
             assert_eq!(why(&mut set, &nth(tag, n), 0, 0, SAMPLE), 0);
         }
         assert_eq!(why(&mut set, &head(tag, 1, 0, ACK), 0, 0, SAMPLE), 0);
         let late = decide(&mut set, &nth(tag, 3), 0, 0, SAMPLE);
-        assert_eq!((late.why, late.summarized), (OPT_BELOW_HIGH, 3));
+        let high = nth(tag, 2 * SAMPLE + 4).seq;
+        assert_eq!(
+            (late.why, late.summarized, late.summarized_end),
+            (OPT_BELOW_HIGH, 3, high)
+        );
+        // A jump: those counted before it ended below where it begins.
+        for n in 2 * SAMPLE + 4..2 * SAMPLE + 6 {
+            assert_eq!(why(&mut set, &nth(tag, n), 0, 0, SAMPLE), 0);
+        }
+        let jump = decide(&mut set, &nth(tag, 2 * SAMPLE + 9), 0, 0, SAMPLE);
+        assert_ne!(jump.why & OPT_JUMP, 0);
+        assert_eq!(
+            (jump.summarized, jump.summarized_end),
+            (2, nth(tag, 2 * SAMPLE + 6).seq)
+        );
     }
 
     #[test]

@@ -114,6 +114,7 @@ impl Stream {
                 vlan: None,
                 first_fragment: false,
                 summarized_before: 0,
+                summarized_end: None,
             });
             self.produced += 1;
         }

@@ -52,6 +52,7 @@ fn segment(flow: Flow, ts_ns: u64, seq: u32, payload_len: u32, flags: u8, tsval:
         vlan: None,
         first_fragment: false,
         summarized_before: 0,
+        summarized_end: None,
     }
 }
 

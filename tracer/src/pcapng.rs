@@ -60,6 +60,8 @@ pub struct Interface {
     /// The kernel traced on: the section says its release (`shb_os`) and,
     /// in a custom option, what it lacks.
     pub kernel: KernelReport,
+    /// Whether the receiver sends DSACKs, when read from its host.
+    pub receiver_dsack: Option<bool>,
 }
 
 pub struct PcapngWriter {
@@ -234,6 +236,12 @@ impl PcapngWriter {
         linux.extend(custom::LINUX);
         linux.extend(custom::linux_lines(kernel).as_bytes());
         b.option(opt::CUSTOM_BINARY, &linux);
+        if let Some(dsack) = self.iface.receiver_dsack {
+            let mut d = custom::PEN.to_ne_bytes().to_vec();
+            d.extend(custom::DSACK);
+            d.push(u8::from(dsack));
+            b.option(opt::CUSTOM_BINARY, &d);
+        }
         b.end_options();
         self.put(b);
 
@@ -318,10 +326,18 @@ impl PcapngWriter {
         cpu[8..].copy_from_slice(&s.cpu.to_ne_bytes());
         b.option(opt::CUSTOM_BINARY, &cpu);
         if s.summarized_before > 0 {
-            let mut n = cpu;
+            let mut n = [0u8; 16];
+            n[..4].copy_from_slice(&custom::PEN.to_ne_bytes());
             n[4..8].copy_from_slice(&custom::SUMMARIZED);
-            n[8..].copy_from_slice(&s.summarized_before.to_ne_bytes());
-            b.option(opt::CUSTOM_BINARY, &n);
+            n[8..12].copy_from_slice(&s.summarized_before.to_ne_bytes());
+            let len = match s.summarized_end {
+                Some(end) => {
+                    n[12..].copy_from_slice(&end.to_ne_bytes());
+                    16
+                }
+                None => 12,
+            };
+            b.option(opt::CUSTOM_BINARY, &n[..len]);
         }
         b.end_options();
         self.make_room(b.len());

@@ -421,6 +421,7 @@ mod tests {
             vlan: None,
             first_fragment: false,
             summarized_before: 0,
+            summarized_end: None,
         }
     }
 

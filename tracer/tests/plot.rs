@@ -29,6 +29,7 @@ fn seg(n: u32, ts_us: u64, queue: u32) -> Segment {
         vlan: None,
         first_fragment: false,
         summarized_before: 0,
+        summarized_end: None,
     }
 }
 

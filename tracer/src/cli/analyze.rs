@@ -35,6 +35,10 @@ pub fn analyze(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     });
     let reader = capture::CaptureReader::new(std::io::BufReader::with_capacity(1 << 20, file))
         .map_err(|e| SetupError::BadArgument(format!("{path} {e}")))?;
+    // What the receiver sent its senders, as recorded (unless given).
+    if let Some(dsack) = reader.receiver_dsack() {
+        engine.set_receiver_dsack(dsack);
+    }
     // Writable before the work, not after.
     let plot_file = args.plot.as_deref().map(OutputFile::open).transpose()?;
     let mut plot = args.plot.as_ref().map(|_| Plot::default());

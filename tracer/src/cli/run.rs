@@ -92,7 +92,7 @@ impl Run {
             engine.set_receiver_dsack(v != "0");
         }
         trace.report.fit_memory(&mut engine)?;
-        out.file.begin(&tracer, trace)?;
+        out.file.begin(&tracer, trace, engine.receiver_dsack())?;
         Ok(Self {
             tracer: Some(tracer),
             engine,
@@ -534,7 +534,12 @@ impl Output {
 
     /// Once attached: the file is emptied and the writer starts (pcapng:
     /// its headers, naming the traced interface).
-    fn begin(&mut self, tracer: &Tracer, trace: &TraceArgs) -> Result<()> {
+    fn begin(
+        &mut self,
+        tracer: &Tracer,
+        trace: &TraceArgs,
+        receiver_dsack: Option<bool>,
+    ) -> Result<()> {
         let interface = |snaplen: Option<u32>| {
             let keeps = match snaplen {
                 Some(n) => format!("the first {n} bytes of each frame (at least its headers)"),
@@ -549,6 +554,7 @@ impl Output {
                 ),
                 ifindex: tracer.ifindex,
                 kernel: tracer.kernel.report(),
+                receiver_dsack,
             }
         };
         *self = match std::mem::replace(self, Self::None) {

@@ -343,9 +343,15 @@ impl WireView {
     }
 
     /// Summary mode: the flow's `n` data segments the kernel counted in
-    /// order, on its path, before the segment at hand.
-    fn counted(&mut self, n: u32, paths: &mut Paths) {
+    /// order, on its path, before the segment at hand; up to `end`, where
+    /// the kernel said (traces before it did: only counted).
+    fn counted(&mut self, n: u32, end: Option<u32>, paths: &mut Paths) {
         let n = u64::from(n);
+        self.log.summarized();
+        if let Some(end) = end {
+            self.order.counted_in_order(self.unwrap.ext(end), n);
+            self.unwrap.advance(self.order.next_exp());
+        }
         self.m.data_segments += n;
         self.m.in_order += n;
         self.run += n;
@@ -727,6 +733,15 @@ impl Engine {
         }
     }
 
+    /// Whether the receiver sends DSACKs, where read from its host (not
+    /// where the user said).
+    pub fn receiver_dsack(&self) -> Option<bool> {
+        match self.cfg.replay.receiver_dsack {
+            Some((dsack, crate::replay::Source::Trace)) => Some(dsack),
+            _ => None,
+        }
+    }
+
     /// Flows given up from here on are not replayed as they go
     /// ([`EngineConfig::replay_retired`]).
     pub fn skip_replay_of_retired(&mut self) {
@@ -847,7 +862,7 @@ impl Engine {
             // went, they ended where the FIN's sequence number begins.
             if let Some(w) = f.wire.as_mut() {
                 if s.summarized_before > 0 {
-                    w.counted(s.summarized_before, &mut f.paths);
+                    w.counted(s.summarized_before, s.summarized_end, &mut f.paths);
                 }
                 if s.flags & FIN != 0 {
                     w.counted_end = w.counted_end.max(w.unwrap.ext(s.seq));
@@ -875,7 +890,7 @@ impl Engine {
         // Summary mode: the flow's segments the kernel counted before this
         // one were in order, on the flow's path.
         if s.summarized_before > 0 {
-            w.counted(s.summarized_before, &mut f.paths);
+            w.counted(s.summarized_before, s.summarized_end, &mut f.paths);
         }
         let start = w.unwrap.ext(seq);
         let a = Arrival {
@@ -972,6 +987,7 @@ impl Engine {
             o.start(u.ext(seq));
             Box::new((u, o))
         });
+        order.taken_up_to(unwrap.ext(p.rcv_nxt));
         let start = unwrap.ext(seq);
         let a = Arrival {
             start,
@@ -1203,7 +1219,7 @@ fn next_connection<'a>(
     // connection's.
     if let (true, Some(w)) = (s.flags & SYN != 0, old.wire.as_mut()) {
         if s.summarized_before > 0 {
-            w.counted(s.summarized_before, &mut old.paths);
+            w.counted(s.summarized_before, s.summarized_end, &mut old.paths);
         }
     }
     let previous = old.seq_span().map(|span| Previous {

@@ -260,6 +260,31 @@ impl OrderDetector {
         self.next_exp
     }
 
+    /// Summary mode: `arrivals` segments the kernel counted without
+    /// emitting them carried the bytes from `next_exp` up to `end`, in
+    /// order. (Unmarked, each segment emitted after them opened a hole
+    /// that nothing would fill.)
+    pub fn counted_in_order(&mut self, end: u64, arrivals: u64) {
+        if !self.started || end <= self.next_exp {
+            return;
+        }
+        let start = self.next_exp;
+        self.arrivals += arrivals;
+        self.next_exp = end;
+        self.insert(start, end);
+    }
+
+    /// The receiving TCP took everything below `end` (an skb's `rcv_nxt`):
+    /// what it took unseen (summary mode emits no skb it takes in order;
+    /// a `tcp_probe` run the kernel skipped) fills the holes below.
+    pub fn taken_up_to(&mut self, end: u64) {
+        if !self.started || end <= self.frontier {
+            return;
+        }
+        self.next_exp = self.next_exp.max(end);
+        self.insert(self.frontier, end);
+    }
+
     /// Bytes received in [from, next_exp): what arrived ahead of a segment
     /// ending at `from`.
     fn received_above(&self, from: u64) -> u64 {
@@ -374,9 +399,8 @@ impl OrderDetector {
                 self.frontier = self.frontier.max(he);
                 self.above.remove(&hs);
             }
-            self.holes.retain(|_, d| d.hole_end > self.frontier);
+            self.close_holes();
         }
-        give_back(&mut self.holes);
     }
 
     /// Notes that this host retransmitted [start, end).

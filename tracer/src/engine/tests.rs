@@ -33,6 +33,7 @@ fn seg(flow: Flow, isn: u32, n: u32, ts_us: u64, queue: u32, cpu: u32) -> Segmen
         vlan: None,
         first_fragment: false,
         summarized_before: 0,
+        summarized_end: None,
     }
 }
 
@@ -694,6 +695,56 @@ fn a_fin_carries_the_count_of_the_last_segments_kept_in_the_kernel() {
     assert_eq!(r.seq_advance_bytes, 12 * u64::from(MSS));
 }
 
+/// Summary mode: the segments the kernel only counted filled the sequence
+/// space up to where it says they ended, so the emitted ones after them
+/// open no hole; an overtaker (the kernel's jump) opens the real one, and
+/// the late segment that fills it is late by what arrived since the jump:
+/// the same as every segment emitted.
+#[test]
+fn segments_counted_in_the_kernel_fill_the_space_they_carried() {
+    let summarized = |n: u32, by: u32, ts_us: u64, count: u32| Segment {
+        summarized_before: count,
+        summarized_end: Some(seg(flow(1), 0, by, 0, 0, 0).seq),
+        ..seg(flow(1), 0, n, ts_us, 0, 0)
+    };
+    let run = |stream: &[Segment]| {
+        let mut e = Engine::new(EngineConfig::default());
+        e.segment(&syn(flow(1), 0, 0, 0));
+        for s in stream {
+            e.segment(s);
+        }
+        one_flow(&e)
+    };
+    // 0..=20 in order but 11 (behind 12), as every segment arriving and as
+    // summary mode emits them: 0 (the first), 8 (sampled), 12 (a jump),
+    // 11 (late), 20 (sampled).
+    let every: Vec<Segment> = (0..=20u32)
+        .map(|n| match n {
+            11 => 12,
+            12 => 11,
+            n => n,
+        })
+        .enumerate()
+        .map(|(i, n)| seg(flow(1), 0, n, 10 + i as u64, 0, 0))
+        .collect();
+    let emitted = [
+        seg(flow(1), 0, 0, 10, 0, 0),
+        summarized(8, 8, 18, 7),
+        summarized(12, 11, 21, 2),
+        seg(flow(1), 0, 11, 22, 0, 0),
+        summarized(20, 20, 30, 7),
+    ];
+    let (all, summary) = (run(&every), run(&emitted));
+    assert_eq!((all.reordered, all.above_hole), (1, 1));
+    assert_eq!(
+        (summary.data_segments, summary.reordered, summary.above_hole),
+        (21, 1, 1)
+    );
+    assert_eq!(summary.extent.max, all.extent.max);
+    assert_eq!(summary.byte_offset.max, all.byte_offset.max);
+    assert_eq!(summary.seq_advance_bytes, all.seq_advance_bytes);
+}
+
 /// When two CPUs raced on the flow's state in the kernel (or the flow lost
 /// its slot), the FIN can come without the count of the last segments
 /// kept there: the flow's volume still ends where the FIN begins.
@@ -708,6 +759,7 @@ fn a_fin_without_the_count_still_ends_the_flow_where_it_begins() {
         payload_len: 0,
         flags: FIN | ACK,
         summarized_before: 0,
+        summarized_end: None,
         ..seg(f, isn, 12, 30, 0, 0)
     };
     assert!(e.segment(&fin).is_none());

@@ -119,8 +119,9 @@ pub struct AckLog {
     /// arrival is which copy.
     pub late_copies: std::collections::VecDeque<WireCopy>,
     /// Late copies pushed out (over [`MAX_LATE_COPIES`]) before a
-    /// TCP-layer arrival took them: which arrivals were retransmissions is
-    /// then not known for all, and the replay is not done ACK by ACK.
+    /// TCP-layer arrival took them, or not kept once the kernel summarized
+    /// the flow: which arrivals were retransmissions is then not known for
+    /// all, and the replay is not done ACK by ACK.
     pub late_copies_lost: u64,
     /// When the sender's socket took each ACK, when that socket is this
     /// host's (the lab's senders): (cumulative ACK, ns from the flow's
@@ -211,6 +212,9 @@ pub struct FlowLog {
     pub queueing: queueing::Queueing,
     /// Its segments carried TCP timestamps.
     pub timestamps: bool,
+    /// The kernel summarized it: no late copy is kept
+    /// ([`FlowLog::summarized`]).
+    summarized: bool,
     /// The current bin: when it ends, bytes so far.
     bin: (u64, u64),
 }
@@ -234,6 +238,7 @@ impl Default for FlowLog {
             share: share::Share::default(),
             queueing: queueing::Queueing::default(),
             timestamps: false,
+            summarized: false,
             bin: (0, 0),
         }
     }
@@ -317,6 +322,10 @@ impl FlowLog {
     /// sender's retransmission, or a second copy), or an original.
     pub fn wire_copy(&mut self, start: u64, end: u64, resent: bool) {
         if let Some(a) = &mut self.acks {
+            if self.summarized {
+                a.late_copies_lost += 1;
+                return;
+            }
             if a.late_copies.len() == MAX_LATE_COPIES {
                 a.late_copies.pop_front();
                 a.late_copies_lost += 1;
@@ -324,6 +333,24 @@ impl FlowLog {
             let before = a.late_copies.capacity();
             a.late_copies.push_back(WireCopy { start, end, resent });
             self.held += ((a.late_copies.capacity() - before) * size_of::<WireCopy>()) as u64;
+        }
+    }
+
+    /// The kernel summarized the flow (summary mode): the skbs TCP takes
+    /// in order stay there, so the late copies they carry would wait for a
+    /// TCP-layer arrival that never comes, each arrival scanning them all
+    /// (a long upload's 8,192 held the collector up until its ring
+    /// overflowed). They go, counted as lost (the replay is then not ACK
+    /// by ACK), and none is kept from then on.
+    pub fn summarized(&mut self) {
+        if self.summarized {
+            return;
+        }
+        self.summarized = true;
+        if let Some(a) = &mut self.acks {
+            a.late_copies_lost += a.late_copies.len() as u64;
+            self.held -= (a.late_copies.capacity() * size_of::<WireCopy>()) as u64;
+            a.late_copies = Default::default();
         }
     }
 
@@ -992,6 +1019,30 @@ mod tests {
         );
         let a = r.assumptions.unwrap();
         assert_eq!((a.late_copies_lost, a.ack_level), (10, false));
+    }
+
+    /// Once the kernel summarizes the flow, TCP's in-order skbs never
+    /// reach the log: the late copies waiting for them go, counted, and
+    /// none is kept after (the ACK-level replay is off for the flow).
+    #[test]
+    fn a_summarized_flow_keeps_no_late_copy() {
+        let mut log = FlowLog::default();
+        log.arrival(1_000, 1000);
+        log.tcp_arrival(TcpArrival {
+            t_ns: 2_000,
+            start: 0,
+            end: 1000,
+            ..Default::default()
+        });
+        let before = log.held_bytes();
+        for i in 0..3 {
+            log.wire_copy(1000 * i, 1000 * (i + 1), false);
+        }
+        log.summarized();
+        log.wire_copy(3000, 4000, true);
+        let a = log.acks.as_deref().unwrap();
+        assert_eq!((a.late_copies.len(), a.late_copies_lost), (0, 4));
+        assert_eq!(log.held_bytes(), before);
     }
 
     #[test]

@@ -77,6 +77,7 @@ mod tests {
                 vlan: None,
                 first_fragment: false,
                 summarized_before: 0,
+                summarized_end: None,
             }));
         }
         e

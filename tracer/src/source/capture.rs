@@ -48,6 +48,9 @@ pub struct Packet {
     /// Summary mode: the segments of its flow counted, not emitted, before
     /// it (our traces' custom option; else 0).
     pub summarized_before: u32,
+    /// And one past the last byte they carried (traces since it was
+    /// recorded).
+    pub summarized_end: Option<u32>,
     /// The interface's kernel index (our traces; else 0).
     pub ifindex: u32,
     pub data: Vec<u8>,
@@ -111,6 +114,8 @@ pub struct CaptureReader<R> {
     done: bool,
     /// Our trace's: the kernel it was recorded on (its last section's).
     linux: Option<KernelReport>,
+    /// Whether the receiver sent DSACKs (our traces, since they say).
+    receiver_dsack: Option<bool>,
     /// The last pcapng block's body, its room reused for the next.
     block: Vec<u8>,
     /// Room for the next packet's bytes: a packet's own, handed back by
@@ -145,6 +150,7 @@ impl<R: Read> CaptureReader<R> {
             },
             done: false,
             linux: None,
+            receiver_dsack: None,
             block: Vec::new(),
             spare: Vec::new(),
         };
@@ -261,6 +267,10 @@ impl<R: Read> CaptureReader<R> {
         self.linux = options(self.big_endian, options_at)
             .filter(|&(code, _)| code == opt::CUSTOM_BINARY)
             .find_map(|(_, v)| self.ours(v, custom::LINUX).map(custom::parse_linux));
+        self.receiver_dsack = options(self.big_endian, options_at)
+            .filter(|&(code, _)| code == opt::CUSTOM_BINARY)
+            .find_map(|(_, v)| self.ours(v, custom::DSACK))
+            .and_then(|d| d.first().map(|&b| b != 0));
         self.kind = Kind::Pcapng {
             interfaces: Vec::new(),
         };
@@ -275,6 +285,12 @@ impl<R: Read> CaptureReader<R> {
             });
         }
         Ok(())
+    }
+
+    /// Whether the traced receiver sent DSACKs, as our trace's section
+    /// says (read with it).
+    pub fn receiver_dsack(&self) -> Option<bool> {
+        self.receiver_dsack
     }
 
     /// Bytes read so far.
@@ -359,6 +375,7 @@ impl<R: Read> CaptureReader<R> {
             queue: None,
             cpu: None,
             summarized_before: 0,
+            summarized_end: None,
             ifindex: 0,
             data,
             offset: at,
@@ -492,7 +509,8 @@ impl<R: Read> CaptureReader<R> {
                     return Ok(Some(self.kernel_record(data)));
                 }
                 let (linktype, units_per_s, meta) = (iface.linktype, iface.units_per_s, iface.meta);
-                let (mut queue, mut cpu, mut summarized_before) = (None, None, 0);
+                let (mut queue, mut cpu) = (None, None);
+                let (mut summarized_before, mut summarized_end) = (0, None);
                 for (code, v) in options(self.big_endian, &body[20 + padded..]) {
                     match code {
                         opt::EPB_QUEUE if v.len() >= 4 => queue = Some(self.u32_at(v, 0)),
@@ -504,6 +522,9 @@ impl<R: Read> CaptureReader<R> {
                                 self.ours(v, custom::SUMMARIZED).filter(|n| n.len() >= 4)
                             {
                                 summarized_before = self.u32_at(n, 0);
+                                if n.len() >= 8 {
+                                    summarized_end = Some(self.u32_at(n, 4));
+                                }
                             }
                         }
                         _ => {}
@@ -521,6 +542,7 @@ impl<R: Read> CaptureReader<R> {
                     queue,
                     cpu,
                     summarized_before,
+                    summarized_end,
                     ifindex: meta.map_or(0, |m| m.ifindex),
                     data: self.packet_bytes(data),
                     offset: at,
@@ -544,6 +566,7 @@ impl<R: Read> CaptureReader<R> {
                     queue: None,
                     cpu: None,
                     summarized_before: 0,
+                    summarized_end: None,
                     ifindex: 0,
                     data: self.packet_bytes(&body[4..4 + caplen]),
                     offset: at,
@@ -652,7 +675,9 @@ pub fn segment(p: &Packet) -> Result<Segment, Skip> {
     e.cpu = p.cpu.unwrap_or(0);
     e.ifindex = p.ifindex;
     e.summarized = p.summarized_before;
-    Ok(e.into())
+    let mut s: Segment = e.into();
+    s.summarized_end = p.summarized_end.filter(|_| p.summarized_before > 0);
+    Ok(s)
 }
 
 /// The packet as an Ethernet frame (what the parser reads): itself, or
@@ -1159,6 +1184,7 @@ mod round_trip {
                 release: "6.1.0-57-cloud-amd64".into(),
                 missing: vec!["no err".into(), "no more".into()],
             },
+            receiver_dsack: Some(false),
         };
         let mut w = PcapngWriter::create(path, file, iface).unwrap();
         let mut sent = Vec::new();
@@ -1252,6 +1278,7 @@ mod round_trip {
         // The section says which kernel, and what it lacked.
         let mut r = CaptureReader::new(&bytes[..]).unwrap();
         while r.next_item().is_some() {}
+        assert_eq!(r.receiver_dsack(), Some(false));
         let linux = r.linux.expect("the kernel recorded on");
         assert_eq!(linux.release, "6.1.0-57-cloud-amd64");
         assert_eq!(linux.missing, ["no err", "no more"]);
@@ -1275,6 +1302,7 @@ mod round_trip {
             description: "veth0".into(),
             ifindex: 7,
             kernel: KernelReport::default(),
+            receiver_dsack: None,
         };
         const FILE_BYTES: u64 = 16 << 10;
         let mut w = PcapngWriter::ring(kept, FILE_BYTES, iface).unwrap();

@@ -109,12 +109,17 @@ pub(crate) mod custom {
     /// EPB option: the CPU (u32).
     pub const CPU: [u8; 4] = *b"rcpu";
     /// EPB option, summary mode: the flow's data segments the kernel
-    /// counted without emitting them before this one (u32; absent: 0).
+    /// counted without emitting them before this one (u32; absent: 0),
+    /// then one past their last byte (u32; absent in older traces).
     pub const SUMMARIZED: [u8; 4] = *b"rsum";
     /// ISB option: every kernel counter (u64s, `Counters::words`).
     pub const COUNTERS: [u8; 4] = *b"rcnt";
     /// SHB option: the kernel traced on, as [`linux_lines`] writes it.
     pub const LINUX: [u8; 4] = *b"rlnx";
+    /// SHB option: whether the traced receiver sends DSACKs (its
+    /// `net.ipv4.tcp_dsack`, one byte: 0 or 1), which the replay's undo
+    /// depends on.
+    pub const DSACK: [u8; 4] = *b"rdsk";
 
     use crate::kernel::KernelReport;
 

@@ -76,6 +76,10 @@ pub struct Segment {
     /// without emitting them, since its previous emitted one.
     #[serde(default)]
     pub summarized_before: u32,
+    /// One past the last byte they carried: the sequence space up to it
+    /// was filled, in order.
+    #[serde(default)]
+    pub summarized_end: Option<u32>,
 }
 
 /// A segment, or a GRO-coalesced run of segments, as TCP processed it.
@@ -282,6 +286,7 @@ impl From<SegmentEvent> for Segment {
             vlan: (e.options & OPT_VLAN != 0).then_some(e.vlan),
             first_fragment: e.options & OPT_FIRST_FRAGMENT != 0,
             summarized_before: e.summarized,
+            summarized_end: (e.summarized > 0).then_some(e.summarized_end),
         }
     }
 }

@@ -388,6 +388,7 @@ pub(crate) mod tests {
             vlan: None,
             first_fragment: false,
             summarized_before: 0,
+            summarized_end: None,
         };
         let steered = flow(1);
         let mut t = 10;

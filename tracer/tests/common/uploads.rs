@@ -103,6 +103,7 @@ impl Iterator for Uploads {
                 vlan: None,
                 first_fragment: false,
                 summarized_before: 0,
+                summarized_end: None,
             })
         })
     }
