@@ -219,6 +219,10 @@ pub fn run(
                         .with_nic(nic_now(&opts.nic))
                         .with_interface(events(went_down));
                     write_interval(iv, &s, false);
+                    // (The snapshot of every tracked flow is gone: its
+                    // memory goes back, not kept beside the flows'.)
+                    drop(s);
+                    give_back_freed();
                 }
             }
             if opts.progress {
