@@ -10,7 +10,7 @@
 //! Linux has no switch for DSACK-based undo, so the classic guest undoes
 //! what DSACKs show spurious: its replay runs with `--classic-undo`.
 //!
-//! `--seed`: the seed's table instead. ATR off and on at 80 ms and
+//! `--seed-table`: the seed's table instead. ATR off and on at 80 ms and
 //! 200 Mbit/s, the receiver sending no DSACKs (`tracer lab --no-dsack`),
 //! so the classic guest, which has no timestamps, undoes nothing, as the
 //! seed's senders; its replay is the classic policy that never undoes.
@@ -27,7 +27,7 @@ use crate::validate::{flows, n, policy, prepare, Keep};
 const REPOINTS: [u32; 4] = [0, 10, 50, 200];
 const RTTS_MS: [u32; 3] = [1, 20, 80];
 const RATES_MBIT: [u32; 2] = [200, 800];
-const POLICIES: [&str; 3] = ["classic", "linux-adaptive", "rack-tlp"];
+pub(crate) const POLICIES: [&str; 3] = ["classic", "linux-adaptive", "rack-tlp"];
 /// Each run's upload, seconds (its bytes are bounded by time alone).
 const SECONDS: &str = "8";
 /// The seed's table: re-point rates (0: edge off) at one WAN path, runs
@@ -112,15 +112,17 @@ impl Cell {
 }
 
 /// One run of one policy in one cell.
-#[derive(Default)]
-struct Figures {
-    real_mbit: f64,
-    predicted_mbit: f64,
-    real_spurious: f64,
-    predicted_spurious: f64,
+#[derive(Clone, Default)]
+pub(crate) struct Figures {
+    pub real_mbit: f64,
+    pub predicted_mbit: f64,
+    pub real_spurious: f64,
+    pub predicted_spurious: f64,
+    /// The estimate's range (`estimated_goodput_range_bps`), Mbit/s.
+    pub predicted_range_mbit: (f64, f64),
 }
 
-fn figures(r: &Value, kind: &str, table: Table) -> Option<Figures> {
+pub(crate) fn figures(r: &Value, kind: &str, table: Table) -> Option<Figures> {
     let mut f = Figures::default();
     let mut any = false;
     for (tracer, _, sockets) in flows(r).into_iter().filter(|(_, _, s)| s["sender"] == kind) {
@@ -131,6 +133,9 @@ fn figures(r: &Value, kind: &str, table: Table) -> Option<Figures> {
         }
         let p = policy(tracer, kind);
         f.predicted_mbit += n(&p["estimated_goodput_bps"]) / 1e6;
+        let range = &p["estimated_goodput_range_bps"];
+        f.predicted_range_mbit.0 += n(&range[0]) / 1e6;
+        f.predicted_range_mbit.1 += n(&range[1]) / 1e6;
         f.predicted_spurious += n(&p["spurious_retransmissions"]);
         if table == Table::Cells {
             f.real_spurious += n(&sockets["dsack_dups"]);
@@ -143,7 +148,7 @@ fn figures(r: &Value, kind: &str, table: Table) -> Option<Figures> {
     any.then_some(f)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,
@@ -297,7 +302,7 @@ fn seed_conclusion(goodputs: &[(u32, &str, f64, f64)]) -> String {
 
 /// `tracer lab --json --quiet ARGS`: the report (exit 3, events lost,
 /// still has one).
-fn lab_run(bin: &std::path::Path, args: &[String]) -> Result<Value> {
+pub(crate) fn lab_run(bin: &std::path::Path, args: &[String]) -> Result<Value> {
     let out = Command::new(bin)
         .args(["lab", "--json", "--quiet"])
         .args(args)

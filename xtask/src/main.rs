@@ -3,6 +3,7 @@
 
 mod cells;
 mod dist;
+mod draw;
 mod guest;
 mod matrix;
 mod runner;
@@ -74,7 +75,16 @@ enum Task {
         /// 200 Mbit/s with no DSACKs, so the classic sender undoes nothing;
         /// each policy's real goodput beside the replay's.
         #[arg(long, conflicts_with = "cells")]
-        seed: bool,
+        seed_table: bool,
+        /// Instead: N configurations drawn at random (DSACKs on in half,
+        /// 1-8 flows per sender, 1-200 ms, 50-800 Mbit/s, ATR 20-200/s),
+        /// every policy's real guest side by side in each, the replay's
+        /// estimate held to each; the seed is printed.
+        #[arg(long, value_name = "N", conflicts_with_all = ["cells", "seed_table"])]
+        draw: Option<u32>,
+        /// The draw's seed: the same configurations again.
+        #[arg(long, value_name = "S", requires = "draw")]
+        seed: Option<u64>,
         /// Instead: `tracer watch` as a service for MINUTES over the ATR
         /// lab with a real Prometheus: steering on and off (the alert
         /// firing and resolving), interface flaps, churn; then an edge
@@ -82,7 +92,7 @@ enum Task {
         /// and under `watch`, MINUTES each: every interval's report, no
         /// event lost, memory flat within the budget, the report soon
         /// after SIGINT.
-        #[arg(long, value_name = "MINUTES", conflicts_with_all = ["cells", "seed"])]
+        #[arg(long, value_name = "MINUTES", conflicts_with_all = ["cells", "seed_table", "draw"])]
         soak: Option<f64>,
         /// Also write each lab run's JSON report into DIR (one file per
         /// run, named by experiment and run), to look at a run that strayed.
@@ -192,6 +202,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Task::Validate {
             runs,
             cells,
+            seed_table,
+            draw,
             seed,
             soak,
             keep,
@@ -201,9 +213,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let keep = validate::Keep::new(keep)?;
             if let Some(minutes) = soak {
                 validate::soak(minutes)
+            } else if let Some(n) = draw {
+                draw::run(n, seed, runs, &keep)
             } else if cells {
                 cells::run(runs, &only, cells::Table::Cells, &keep)
-            } else if seed {
+            } else if seed_table {
                 cells::run(runs, &only, cells::Table::Seed, &keep)
             } else {
                 validate::run(runs, &only, &keep)

@@ -13,8 +13,9 @@ use crate::{
     lab,
     nic::rss::Rss,
     plot::ColorBy,
+    record,
     replay::ClassicUndo,
-    record, SetupError,
+    SetupError,
 };
 use tracer_common::CAPTURE_MAX;
 
@@ -305,7 +306,9 @@ impl ReportArgs {
             dupthresh: whole("--dupthresh", self.dupthresh)?,
             reo_wnd_mult: whole("--reo-wnd-mult", self.reo_wnd_mult)?,
             classic_undo: self.classic_undo,
-            receiver_dsack: self.receiver_dsack.map(|d| (d, crate::replay::Source::Given)),
+            receiver_dsack: self
+                .receiver_dsack
+                .map(|d| (d, crate::replay::Source::Given)),
             timestamp_clock: self.timestamp_clock,
         };
         if self

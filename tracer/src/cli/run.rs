@@ -22,9 +22,9 @@ use crate::{
     output::{KeptFiles, OutputFile},
     pcapng::{self, PcapngWriter},
     record::{self, Outcome, RecordOptions, StopReason},
+    replay::Replay,
     report,
     sink::Sink,
-    replay::Replay,
     snapshot::{Connection, InterfaceEvents, Snapshot},
     tui, SetupError,
 };
@@ -287,7 +287,11 @@ pub(crate) fn replay(engine: &Engine, s: &mut Snapshot) {
     let signals = record::StopSignals::install();
     let keys: Vec<Connection> = s.flows.iter().map(|f| f.key).collect();
     let of = keys.len();
-    let (next, done, stop) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicBool::new(false));
+    let (next, done, stop) = (
+        AtomicUsize::new(0),
+        AtomicUsize::new(0),
+        AtomicBool::new(false),
+    );
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let start = Instant::now();
     let bar = indicatif::ProgressBar::hidden();

@@ -75,7 +75,9 @@ fn setns(ns: &File) -> std::io::Result<()> {
 pub fn sysctl(netns: Option<&str>, knob: &str) -> Option<String> {
     let _inside = NetnsGuard::enter_opt(netns).ok()?;
     let path = format!("/proc/sys/{}", knob.replace('.', "/"));
-    std::fs::read_to_string(path).ok().map(|v| v.trim().to_string())
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|v| v.trim().to_string())
 }
 
 /// The inode number of the calling thread's network namespace: the value

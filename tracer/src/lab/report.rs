@@ -186,8 +186,9 @@ fn senders_goodput(s: &Snapshot) -> String {
     struct Kind {
         flows: usize,
         mbit: f64,
-        classic: f64,
-        rack: f64,
+        /// Estimates and their ranges, Mbit/s.
+        classic: (f64, f64, f64),
+        rack: (f64, f64, f64),
     }
     let mut kinds: std::collections::BTreeMap<&str, Kind> = Default::default();
     for f in &s.flows {
@@ -198,25 +199,32 @@ fn senders_goodput(s: &Snapshot) -> String {
             f.replay
                 .as_ref()
                 .and_then(|r| r.policies.iter().find(|p| p.name == policy))
-                .map_or(0.0, |p| p.estimated_goodput_bps / 1e6)
+                .map_or((0.0, 0.0, 0.0), |p| {
+                    let (lo, hi) = p.estimated_goodput_range_bps;
+                    (p.estimated_goodput_bps / 1e6, lo / 1e6, hi / 1e6)
+                })
+        };
+        let add = |sum: &mut (f64, f64, f64), e: (f64, f64, f64)| {
+            *sum = (sum.0 + e.0, sum.1 + e.1, sum.2 + e.2);
         };
         let k = kinds.entry(name).or_default();
         k.flows += 1;
         k.mbit += f.goodput_mbit();
-        k.classic += estimate("classic");
-        k.rack += estimate("rack-tlp");
+        add(&mut k.classic, estimate("classic"));
+        add(&mut k.rack, estimate("rack-tlp"));
     }
+    let shown = |(e, lo, hi): (f64, f64, f64)| format!("{e:.1} ({lo:.0}-{hi:.0})");
     let mut out = String::new();
     for (name, k) in &kinds {
         let _ = writeln!(
             out,
-            "  goodput    {} sender: {:.1} Mbit/s over {} flow{}; the replay, from what the receiver saw: a classic sender {:.1}, RACK-TLP {:.1}",
+            "  goodput    {} sender: {:.1} Mbit/s over {} flow{}; the replay, from what the receiver saw: a classic sender {}, RACK-TLP {}",
             name,
             k.mbit,
             k.flows,
             if k.flows == 1 { "" } else { "s" },
-            k.classic,
-            k.rack
+            shown(k.classic),
+            shown(k.rack)
         );
     }
     let classic = kinds.get("classic");
@@ -224,17 +232,17 @@ fn senders_goodput(s: &Snapshot) -> String {
         .into_iter()
         .find_map(|name| kinds.get(name).map(|k| (name, k)));
     if let (Some(c), Some((t_name, t))) = (classic, tolerant) {
-        if c.mbit > 0.0 && c.classic > 0.0 {
+        if c.mbit > 0.0 && c.classic.0 > 0.0 {
             let _ = writeln!(
                 out,
-                "  conclusion through the same reordering and path, the {} sender (RACK-TLP) carried {:.1}x what the classic sender did ({:.1} against {:.1} Mbit/s); from the classic sender's flows alone, the replay estimated that RACK-TLP would have carried {:.1} Mbit/s on them, {:.1}x what they did (and {:.1}x its estimate for classic)",
+                "  conclusion through the same reordering and path, the {} sender (RACK-TLP) carried {:.1}x what the classic sender did ({:.1} against {:.1} Mbit/s); from the classic sender's flows alone, the replay estimated that RACK-TLP would have carried {} Mbit/s on them, {:.1}x what they did (and {:.1}x its estimate for classic)",
                 t_name,
                 t.mbit / c.mbit,
                 t.mbit,
                 c.mbit,
-                c.rack,
-                c.rack / c.mbit,
-                c.rack / c.classic
+                shown(c.rack),
+                c.rack.0 / c.mbit,
+                c.rack.0 / c.classic.0
             );
         }
     }

@@ -861,7 +861,7 @@ pub fn replay(
         a.tcp_layer_whole && a.late_copies_lost == 0 && acks.is_some_and(|l| l.ticks.len() >= 2);
     let policies: Vec<PolicyOutcome> = default_policies(cfg)
         .iter()
-        .map(|p| p.run(log, &a))
+        .map(|p| PolicyOutcome::with_range(p, log, &a))
         .collect();
     Replay {
         rack_vs_classic: ratio(&policies),

@@ -87,6 +87,10 @@ pub struct PolicyOutcome {
     /// from 10 segments, a reduction at each recovery not undone where the
     /// trace put it, capped by the bottleneck and its queue.
     pub estimated_goodput_bps: f64,
+    /// The least and most `estimated_goodput_bps` over what the receiver's
+    /// view cannot tell ([`PolicyOutcome::with_range`]): how sure the
+    /// estimate is.
+    pub estimated_goodput_range_bps: (f64, f64),
     pub reno_goodput_bps: f64,
     /// Closed forms at `loss_event_rate`, as a cross-check.
     pub mathis_bps: f64,
@@ -95,6 +99,33 @@ pub struct PolicyOutcome {
 }
 
 impl PolicyOutcome {
+    /// `policy`'s outcome on `log` under `a`, with the range of its
+    /// estimate over what the receiver's view cannot tell: whether the
+    /// real sender undoes spurious recoveries (all it could, or none), and
+    /// the bottleneck's queue (half and twice the assumed). A flow
+    /// without a recovery or a timeout has none to vary.
+    pub fn with_range(policy: &Policy, log: &FlowLog, a: &Assumptions) -> Self {
+        let mut o = policy.run(log, a);
+        let (mut lo, mut hi) = (o.estimated_goodput_bps, o.estimated_goodput_bps);
+        if o.recovery_episodes + o.retransmission_timeouts > 0 {
+            let undo = |on: bool| Assumptions {
+                receiver_dsack: on,
+                timestamps: on,
+                ..*a
+            };
+            let queue = |by: f64| Assumptions {
+                queue_bdp: a.queue_bdp * by,
+                ..*a
+            };
+            for v in [undo(true), undo(false), queue(0.5), queue(2.0)] {
+                let e = policy.run(log, &v).estimated_goodput_bps;
+                (lo, hi) = (lo.min(e), hi.max(e));
+            }
+        }
+        o.estimated_goodput_range_bps = (lo, hi);
+        o
+    }
+
     pub fn add(&mut self, o: &PolicyOutcome) {
         self.spurious_retransmissions += o.spurious_retransmissions;
         self.recovery_episodes += o.recovery_episodes;
@@ -103,6 +134,8 @@ impl PolicyOutcome {
         self.loss_probes += o.loss_probes;
         self.retransmission_timeouts += o.retransmission_timeouts;
         self.estimated_goodput_bps += o.estimated_goodput_bps;
+        self.estimated_goodput_range_bps.0 += o.estimated_goodput_range_bps.0;
+        self.estimated_goodput_range_bps.1 += o.estimated_goodput_range_bps.1;
         self.reno_goodput_bps += o.reno_goodput_bps;
         self.mathis_bps += o.mathis_bps;
         self.padhye_bps += o.padhye_bps;
@@ -600,6 +633,7 @@ impl Policy {
                 a.duration_s,
             )
         };
+        let estimated = sim(Congestion::Cubic);
         PolicyOutcome {
             name: self.name(),
             policy: *self,
@@ -611,7 +645,8 @@ impl Policy {
             loss_event_rate: p,
             slow_start_rtt_us,
             retransmission_timeouts: timeout_at.len() as u64,
-            estimated_goodput_bps: sim(Congestion::Cubic),
+            estimated_goodput_bps: estimated,
+            estimated_goodput_range_bps: (estimated, estimated),
             reno_goodput_bps: sim(Congestion::Reno),
             mathis_bps: throughput::mathis_bps(&path, p),
             padhye_bps: throughput::padhye_bps(&path, p),
@@ -1088,6 +1123,35 @@ mod tests {
         assert_eq!(classic.recovery_episodes, 20);
         assert!(classic.estimated_goodput_bps < 0.9e9, "{classic:?}");
         assert!(r.rack_vs_classic.unwrap() > 1.0);
+    }
+
+    /// The estimate's range spans what the receiver cannot tell: here the
+    /// classic sender undoing its 20 spurious recoveries (the estimate,
+    /// DSACKs on) or none of them (the range's low end, that of a sender
+    /// that never undoes). A clean flow has none to vary.
+    #[test]
+    fn an_estimates_range_spans_the_undo_the_receiver_cannot_see() {
+        let mut log = clean(100_000);
+        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
+        for p in &r.policies {
+            let e = p.estimated_goodput_bps;
+            assert_eq!(p.estimated_goodput_range_bps, (e, e), "{}", p.name);
+        }
+        for i in 0..20 {
+            late(&mut log, 50_000 + i * 40_000, 100, 4);
+        }
+        let run = |cfg: &ReplayConfig| {
+            replay(&log, TraceRtt::Observed(None), cfg, false, None).policies[0].clone()
+        };
+        let undoes = run(&cfg());
+        let never = run(&ReplayConfig {
+            classic_undo: ClassicUndo::Never,
+            ..cfg()
+        });
+        let (lo, hi) = undoes.estimated_goodput_range_bps;
+        assert!(never.estimated_goodput_bps < undoes.estimated_goodput_bps);
+        assert_eq!(lo, never.estimated_goodput_bps);
+        assert!(lo < undoes.estimated_goodput_bps && undoes.estimated_goodput_bps <= hi);
     }
 
     /// What a sender can undo by: the receiver's DSACKs (classic, as it

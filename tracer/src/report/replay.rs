@@ -96,7 +96,7 @@ pub(super) fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
     for p in &r.policies {
         let _ = writeln!(
             out,
-            "{indent}  {:<15} {:>7} spurious retransmissions, {:>5} recoveries ({} spurious, {} undone), {} loss probes -> {:.0} Mbit/s (Reno {:.0}, response functions: Mathis {:.0}, CUBIC {:.0})",
+            "{indent}  {:<15} {:>7} spurious retransmissions, {:>5} recoveries ({} spurious, {} undone), {} loss probes -> {:.0} Mbit/s ({:.0}-{:.0}; Reno {:.0}, response functions: Mathis {:.0}, CUBIC {:.0})",
             p.name,
             p.spurious_retransmissions,
             p.recovery_episodes,
@@ -104,6 +104,8 @@ pub(super) fn replay_lines(out: &mut String, r: &Replay, indent: &str) {
             p.undone_recovery_episodes,
             p.loss_probes,
             p.estimated_goodput_bps / 1e6,
+            p.estimated_goodput_range_bps.0 / 1e6,
+            p.estimated_goodput_range_bps.1 / 1e6,
             p.reno_goodput_bps / 1e6,
             p.mathis_bps / 1e6,
             p.cubic_response_bps / 1e6,
