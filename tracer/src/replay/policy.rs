@@ -104,22 +104,33 @@ impl PolicyOutcome {
     /// real sender undoes spurious recoveries (all it could, or none), and
     /// the bottleneck's queue (half and twice the assumed). A flow
     /// without a recovery or a timeout has none to vary.
+    /// (The queue changes the transfer, not the detection, which runs
+    /// once for it; the undo only matters with spurious recoveries: a
+    /// report's cost stays within about twice the estimate's.)
     pub fn with_range(policy: &Policy, log: &FlowLog, a: &Assumptions) -> Self {
-        let mut o = policy.run(log, a);
+        let (r, probes) = policy.recover(log, a);
+        let mut o = policy.outcome(&r, probes, log, a);
         let (mut lo, mut hi) = (o.estimated_goodput_bps, o.estimated_goodput_bps);
+        let mut widen = |e: f64| (lo, hi) = (lo.min(e), hi.max(e));
         if o.recovery_episodes + o.retransmission_timeouts > 0 {
-            let undo = |on: bool| Assumptions {
-                receiver_dsack: on,
-                timestamps: on,
-                ..*a
-            };
-            let queue = |by: f64| Assumptions {
-                queue_bdp: a.queue_bdp * by,
-                ..*a
-            };
-            for v in [undo(true), undo(false), queue(0.5), queue(2.0)] {
-                let e = policy.run(log, &v).estimated_goodput_bps;
-                (lo, hi) = (lo.min(e), hi.max(e));
+            for by in [0.5, 2.0] {
+                let queue = Assumptions {
+                    queue_bdp: a.queue_bdp * by,
+                    ..*a
+                };
+                widen(policy.outcome(&r, probes, log, &queue).estimated_goodput_bps);
+            }
+        }
+        if o.spurious_recovery_episodes > 0 {
+            for on in [true, false] {
+                if (a.receiver_dsack, a.timestamps) != (on, on) {
+                    let undo = Assumptions {
+                        receiver_dsack: on,
+                        timestamps: on,
+                        ..*a
+                    };
+                    widen(policy.run(log, &undo).estimated_goodput_bps);
+                }
             }
         }
         o.estimated_goodput_range_bps = (lo, hi);
@@ -502,6 +513,13 @@ enum Change {
 
 impl Policy {
     pub fn run(&self, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
+        let (r, probes) = self.recover(log, a);
+        self.outcome(&r, probes, log, a)
+    }
+
+    /// The policy's loss detection over the flow: its recoveries, and its
+    /// loss probes.
+    fn recover<'a>(&self, log: &'a FlowLog, a: &Assumptions) -> (Recovery<'a>, u64) {
         let mss = u64::from(a.mss_bytes.max(1));
         // A real loss's hole is overtaken by segments back to back at the
         // bottleneck's pace, not the flow's mean send interval (a slow flow
@@ -595,10 +613,10 @@ impl Policy {
             probes = log.gaps_over(2 * rtt + PTO_FLOOR_NS);
         }
         r.close_episode(None);
-        self.outcome(r, probes, log, a)
+        (r, probes)
     }
 
-    fn outcome(&self, r: Recovery, probes: u64, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
+    fn outcome(&self, r: &Recovery, probes: u64, log: &FlowLog, a: &Assumptions) -> PolicyOutcome {
         // Slow start ends at the first recovery.
         let slow_start_rtt_us =
             a.slow_start_rtt_us(r.starts.first().copied().unwrap_or(a.duration_s));
