@@ -118,7 +118,11 @@ impl PolicyOutcome {
                     queue_bdp: a.queue_bdp * by,
                     ..*a
                 };
-                widen(policy.outcome(&r, probes, log, &queue).estimated_goodput_bps);
+                widen(
+                    policy
+                        .outcome(&r, probes, log, &queue)
+                        .estimated_goodput_bps,
+                );
             }
         }
         if o.spurious_recovery_episodes > 0 {
