@@ -241,14 +241,22 @@ impl Intervals {
         now >= self.began + self.every
     }
 
-    /// Ends the interval under way at `now` with `s` (the engine's whole
-    /// snapshot, with the kernel's counters) and writes it; `last` when
-    /// the run ends with it. The next interval begins.
-    /// A file that cannot be written loses nothing: the interval goes on,
-    /// and the next file covers it too.
-    pub fn write(&mut self, s: &Snapshot, now: Instant, last: bool) -> Result<Written> {
+    /// Ends the interval under way at `now` with `s` (the engine's
+    /// snapshot, with the kernel's counters: its totals; its flows are not
+    /// read) and `flows` (every tracked connection's report, taken one at
+    /// a time: a snapshot holding them all at once took tens of MiB beside
+    /// the flows' budget) and writes it; `last` when the run ends with it.
+    /// The next interval begins. A file that cannot be written loses
+    /// nothing: the interval goes on, and the next file covers it too.
+    pub fn write(
+        &mut self,
+        s: &Snapshot,
+        flows: impl IntoIterator<Item = FlowReport>,
+        now: Instant,
+        last: bool,
+    ) -> Result<Written> {
         let ended_at = Timestamp::now();
-        let (report, next) = self.report(s, now, ended_at, last);
+        let (report, next) = self.report(s, flows, now, ended_at, last);
         let line = self.line(&report);
         let path = self.files.path(&format!(
             "{}-{:06}",
@@ -272,6 +280,7 @@ impl Intervals {
     fn report(
         &self,
         s: &Snapshot,
+        reports: impl IntoIterator<Item = FlowReport>,
         now: Instant,
         ended_at: Timestamp,
         last: bool,
@@ -288,11 +297,16 @@ impl Intervals {
                 (k.to_string(), json!(v.saturating_sub(before)))
             })
             .collect();
-        let mut flows = HashMap::with_capacity(s.flows.len());
+        let mut flows = HashMap::with_capacity(prev.flows.len());
         let mut active = Vec::new();
+        let mut active_flows = 0;
         let mut verdicts: BTreeMap<Verdict, u64> = BTreeMap::new();
-        for f in &s.flows {
-            let c = FlowCounts::of(f);
+        // Most reordered in the interval, then most bytes.
+        let listed_first = |a: &(FlowReport, FlowCounts), b: &(FlowReport, FlowCounts)| {
+            (b.1.counts[3], b.1.seq_advance_bytes).cmp(&(a.1.counts[3], a.1.seq_advance_bytes))
+        };
+        for f in reports {
+            let c = FlowCounts::of(&f);
             flows.insert(f.key, c);
             let before = prev.flows.get(&f.key).copied().unwrap_or_default();
             let d = FlowCounts {
@@ -305,14 +319,15 @@ impl Intervals {
             };
             if d.counts[0] > 0 || d.seq_advance_bytes > 0 {
                 *verdicts.entry(f.verdict).or_default() += 1;
+                active_flows += 1;
                 active.push((f, d));
+                if active.len() >= 2 * LISTED_FLOWS {
+                    active.sort_by(listed_first);
+                    active.truncate(LISTED_FLOWS);
+                }
             }
         }
-        let active_flows = active.len();
-        // Most reordered in the interval, then most bytes.
-        active.sort_by(|a, b| {
-            (b.1.counts[3], b.1.seq_advance_bytes).cmp(&(a.1.counts[3], a.1.seq_advance_bytes))
-        });
+        active.sort_by(listed_first);
         active.truncate(LISTED_FLOWS);
         let listed = active
             .iter()

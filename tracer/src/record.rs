@@ -21,7 +21,7 @@ use crate::{
     nic::{NicEvidence, NicWatch},
     report,
     sink::Sink,
-    snapshot::{InterfaceEvents, Snapshot},
+    snapshot::{FlowReport, InterfaceEvents, Snapshot},
     source::{self, Raw},
     tui,
 };
@@ -214,14 +214,13 @@ pub fn run(
             if let Some(iv) = opts.intervals.as_deref_mut() {
                 if iv.due(now) {
                     let s = engine
-                        .snapshot()
+                        .live_snapshot(0, None)
                         .with_kernel(&counters)
                         .with_nic(nic_now(&opts.nic))
                         .with_interface(events(went_down));
-                    write_interval(iv, &s, false);
-                    // (The snapshot of every tracked flow is gone: its
-                    // memory goes back, not kept beside the flows'.)
-                    drop(s);
+                    write_interval(iv, &s, engine.flow_reports(), false);
+                    // (What the report took goes back, not kept beside the
+                    // flows' memory.)
                     give_back_freed();
                 }
             }
@@ -310,12 +309,18 @@ fn reopen(sinks: &mut [&mut dyn Sink], intervals: Option<&mut Intervals>) {
     }
 }
 
-/// Ends `iv`'s interval now with `s` (the engine's whole snapshot, with
-/// the kernel's counters, the NIC and the interface) and writes it
-/// (`last`: the run's last), saying so on stderr; a file that could not be
-/// written is said, and tracing goes on.
-pub fn write_interval(iv: &mut Intervals, s: &Snapshot, last: bool) {
-    match iv.write(s, Instant::now(), last) {
+/// Ends `iv`'s interval now with `s` (the engine's snapshot, with the
+/// kernel's counters, the NIC and the interface) and `flows` (each tracked
+/// connection's report) and writes it (`last`: the run's last), saying so
+/// on stderr; a file that could not be written is said, and tracing goes
+/// on.
+pub fn write_interval(
+    iv: &mut Intervals,
+    s: &Snapshot,
+    flows: impl IntoIterator<Item = FlowReport>,
+    last: bool,
+) {
+    match iv.write(s, flows, Instant::now(), last) {
         Ok(w) => eprintln!("tracer: {}; {}", w.line, w.path.display()),
         Err(e) if last => eprintln!("tracer: {e:#}: the last interval's report is lost"),
         Err(e) => eprintln!(

@@ -217,11 +217,11 @@ impl Run {
         if let Some(iv) = self.out.intervals.as_mut() {
             let s = self
                 .engine
-                .snapshot()
+                .live_snapshot(0, None)
                 .with_kernel(&outcome.counters)
                 .with_nic(self.nic.evidence().cloned())
                 .with_interface(interface_events(outcome, self.reattached));
-            record::write_interval(iv, &s, true);
+            record::write_interval(iv, &s, self.engine.flow_reports(), true);
         }
     }
 

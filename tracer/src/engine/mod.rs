@@ -31,7 +31,7 @@ use hdrhistogram::Histogram;
 pub use crate::config::{EngineConfig, VerdictRules};
 use crate::{
     nic::rss::Rss,
-    snapshot::{Class, Connection, Live, Memory, RssTotals, Snapshot, TcpLayer},
+    snapshot::{Class, Connection, FlowReport, Live, Memory, RssTotals, Snapshot, TcpLayer},
     source::{Flow, Observation, Retransmit, Segment, TcpProbe},
 };
 use density::{BufferDensity, ReorderDensity};
@@ -1134,6 +1134,14 @@ impl Engine {
                 &self.cfg,
             )
         }
+    }
+
+    /// Every tracked connection's report, made one at a time (none
+    /// replayed), in the table's order.
+    pub fn flow_reports(&self) -> impl Iterator<Item = FlowReport> + '_ {
+        self.flows.iter().map(|(TableKey { flow, .. }, f)| {
+            view::flow_report(flow, f, &self.cfg, self.rss.as_ref())
+        })
     }
 
     /// `flow`'s current connection's state.
