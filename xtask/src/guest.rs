@@ -19,6 +19,14 @@ pub const INIT: &str = "/init";
 pub const PLAN: &str = "/matrix/plan.json";
 /// The kernel command line's word for the accelerator (`tcg`, `kvm`).
 pub const ACCEL_ARG: &str = "matrix.accel";
+/// The kernel command line's word for the first step of the plan to run
+/// (a step is one test in one round): 0, or after a guest's kernel died,
+/// the step it died in.
+pub const FROM_ARG: &str = "matrix.from";
+/// The kernel command line's word for a step in which the guest
+/// crashes its own kernel (sysrq `c`): how the harness's recovery from a
+/// dead guest is tried (`XTASK_MATRIX_CRASH_AT`).
+pub const CRASH_ARG: &str = "matrix.crash";
 /// Set for the tests in a TCG guest (emulated CPUs, many times slower):
 /// assertions that depend on speed relax (`tests::under_tcg`).
 pub const TCG_ENV: &str = "TRACER_TEST_TCG";
@@ -33,6 +41,7 @@ pub struct Plan {
 /// What a `MATRIX` line says.
 pub enum Report {
     Booted,
+    Running(String),
     Passed(String),
     Failed(String),
     Done,
@@ -43,6 +52,7 @@ pub fn parse(line: &str) -> Option<Report> {
     let (word, arg) = rest.split_once(' ').unwrap_or((rest, ""));
     Some(match word {
         "booted" => Report::Booted,
+        "running" => Report::Running(test_path(arg)),
         // (The test's path, without the note in brackets after it.)
         "ok" => Report::Passed(test_path(arg)),
         "FAILED" => Report::Failed(test_path(arg)),
@@ -121,6 +131,14 @@ pub fn run() -> Result<()> {
     let tcg = cmdline
         .split_whitespace()
         .any(|w| w == format!("{ACCEL_ARG}=tcg"));
+    let number = |word: &str| -> Option<usize> {
+        cmdline
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{word}=")))
+            .and_then(|n| n.parse().ok())
+    };
+    let from = number(FROM_ARG).unwrap_or(0);
+    let crash_at = number(CRASH_ARG);
     let path = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin";
     let _ = Command::new("ip")
         .args(["link", "set", "lo", "up"])
@@ -133,22 +151,25 @@ pub fn run() -> Result<()> {
     } else {
         runner::HOST_BOUND
     };
-    for round in 1..=plan.repeat {
-        for case in &plan.cases {
-            println!("MATRIX running {} (round {round})", case.path());
-            let outcome = runner::run(case, bound, &env);
-            print!("{}", outcome.output);
-            let secs = outcome.elapsed.as_secs();
-            match outcome.verdict {
-                Verdict::Passed => println!("MATRIX ok {} ({secs} s)", case.path()),
-                Verdict::Failed => println!("MATRIX FAILED {} ({secs} s)", case.path()),
-                Verdict::TimedOut => println!(
-                    "MATRIX FAILED {} (stopped at its bound of {} s)",
-                    case.path(),
-                    bound.as_secs()
-                ),
-                Verdict::NotRun(why) => println!("MATRIX FAILED {} ({why})", case.path()),
-            }
+    let steps = (1..=plan.repeat).flat_map(|round| plan.cases.iter().map(move |c| (round, c)));
+    for (step, (round, case)) in steps.enumerate().skip(from) {
+        println!("MATRIX running {} (round {round})", case.path());
+        if crash_at == Some(step) {
+            println!("MATRIX guest: crashing the kernel in step {step}, as asked");
+            let _ = std::fs::write("/proc/sysrq-trigger", "c");
+        }
+        let outcome = runner::run(case, bound, &env);
+        print!("{}", outcome.output);
+        let secs = outcome.elapsed.as_secs();
+        match outcome.verdict {
+            Verdict::Passed => println!("MATRIX ok {} ({secs} s)", case.path()),
+            Verdict::Failed => println!("MATRIX FAILED {} ({secs} s)", case.path()),
+            Verdict::TimedOut => println!(
+                "MATRIX FAILED {} (stopped at its bound of {} s)",
+                case.path(),
+                bound.as_secs()
+            ),
+            Verdict::NotRun(why) => println!("MATRIX FAILED {} ({why})", case.path()),
         }
     }
     println!("MATRIX done");

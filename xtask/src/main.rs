@@ -441,6 +441,9 @@ fn test(kernel: KernelChoice, repeat: u32, filters: &[String]) -> Result<ExitCod
                 r.elapsed.as_secs_f64(),
                 r.log.display()
             );
+            for d in &r.deaths {
+                println!("    the guest's kernel died in {d}; a new guest ran that test again");
+            }
             for t in &r.passed {
                 tally.add(&format!("[{}] {t}", r.series), true);
             }

@@ -121,8 +121,29 @@ pub struct KernelResult {
     pub accel: &'static str,
     pub passed: Vec<String>,
     pub failed: Vec<String>,
+    /// Each time the guest's kernel died (the test it died in, and what
+    /// its console said), after which a new guest went on from that test.
+    pub deaths: Vec<String>,
     pub elapsed: Duration,
     pub log: PathBuf,
+}
+
+/// What one boot of a guest did.
+struct Boot {
+    passed: Vec<String>,
+    failed: Vec<String>,
+    /// The guest said `MATRIX done`.
+    done: bool,
+    /// It ran past its limit and was stopped.
+    timed_out: bool,
+    /// The test it was running when its console ended, if any.
+    running: Option<String>,
+    /// The plan step to start a new guest at: that test's, or the next.
+    resume_at: usize,
+    /// The kernel's own words on why it died: the first oops line and the
+    /// faulting instruction.
+    oops: Option<String>,
+    elapsed: Duration,
 }
 
 /// Runs the guest tests `repeat` times on every series in `series`;
@@ -156,7 +177,7 @@ pub fn run(
         );
         let limit = GUEST_TIMEOUT * repeat;
         let on_kvm = if kvm {
-            boot(s.name, &kernel, &image, &log, "kvm", limit)?
+            boot(&kernel, &image, &log, "kvm", limit, None)?
         } else {
             None
         };
@@ -164,11 +185,57 @@ pub fn run(
             println!("matrix: a KVM guest did not boot within {KVM_BOOT_TIMEOUT:?}; using TCG");
             kvm = false;
         }
-        let result = match on_kvm {
-            Some(r) => r,
-            None => boot(s.name, &kernel, &image, &log, "tcg", limit)?
+        let accel = if kvm { "kvm" } else { "tcg" };
+        let mut boot_result = match on_kvm {
+            Some(b) => b,
+            None => boot(&kernel, &image, &log, accel, limit, None)?
                 .context("the TCG guest did not boot (see the log)")?,
         };
+        let mut result = KernelResult {
+            series: s.name,
+            release: kernel.release.clone(),
+            accel,
+            passed: Vec::new(),
+            failed: Vec::new(),
+            deaths: Vec::new(),
+            elapsed: Duration::ZERO,
+            log: log.clone(),
+        };
+        let mut died_in: Option<usize> = None;
+        loop {
+            let b = boot_result;
+            result.passed.extend(b.passed);
+            result.failed.extend(b.failed);
+            result.elapsed += b.elapsed;
+            if b.done || b.timed_out {
+                break;
+            }
+            // The guest's kernel died: a test's failure is a verdict, this
+            // is not one. The test it died in runs again in a fresh guest
+            // (and the plan goes on from there); dying twice in the same
+            // step is that test's failure.
+            let test = b.running.clone().unwrap_or_else(|| "between tests".into());
+            let why = b.oops.unwrap_or_else(|| "no oops on the console".into());
+            let step = b.resume_at;
+            if died_in == Some(step) {
+                result.failed.push(format!(
+                    "{test} (the guest's kernel died in it twice: {why})"
+                ));
+                break;
+            }
+            println!("matrix: the guest's kernel died in {test} ({why}); booting a new guest from that test");
+            result.deaths.push(format!("{test}: {why}"));
+            died_in = Some(step);
+            boot_result = match boot(&kernel, &image, &log, accel, limit, Some(step))? {
+                Some(b) => b,
+                None => {
+                    result
+                        .failed
+                        .push(format!("{test} (the guest did not boot again)"));
+                    break;
+                }
+            };
+        }
         results.push(result);
     }
     Ok(results)
@@ -539,17 +606,20 @@ fn cpio_entry(out: &mut impl Write, ino: u32, mode: u32, name: &[u8], data: &[u8
     Ok(())
 }
 
-/// Boots `image` on `kernel`, streaming the guest's console (prefixed with
-/// its release) and keeping it in `log`; stops it after `limit`. `None` if
-/// a KVM guest did not say it booted in time.
+/// Boots `image` on `kernel` to run its plan, from its start or from step
+/// `resume_at` after a guest died, streaming the guest's console (prefixed
+/// with its release) and keeping it in `log` (appended to when resuming);
+/// stops it after `limit`. `None` if a KVM
+/// guest did not say it booted in time.
 fn boot(
-    series: &'static str,
     kernel: &Kernel,
     image: &Path,
     log: &Path,
     accel: &'static str,
     limit: Duration,
-) -> Result<Option<KernelResult>> {
+    resume_at: Option<usize>,
+) -> Result<Option<Boot>> {
+    let from = resume_at.unwrap_or(0);
     let start = Instant::now();
     // TCG in one thread. With a thread per vCPU the 6.12 guest died once
     // in an "Oops: int3" at tcp_rcv_established's tcp_probe jump while a
@@ -579,9 +649,11 @@ fn boot(
         .arg(image)
         .arg("-append")
         .arg(format!(
-            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit={} {}={accel}",
+            "console=ttyS0 quiet loglevel=3 panic=-1 rdinit={} {}={accel} {}={from}{}",
             guest::INIT,
-            guest::ACCEL_ARG
+            guest::ACCEL_ARG,
+            guest::FROM_ARG,
+            crash_at(resume_at.is_none())
         ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -597,10 +669,19 @@ fn boot(
             }
         }
     });
-    let mut file = BufWriter::new(File::create(log)?);
+    let mut file = BufWriter::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(resume_at.is_some())
+            .truncate(resume_at.is_none())
+            .open(log)?,
+    );
     let mut booted = false;
     let (mut passed, mut failed) = (Vec::new(), Vec::new());
-    let mut done = false;
+    let (mut done, mut timed_out) = (false, false);
+    let (mut running, mut started) = (None, 0);
+    let mut oops = Oops::default();
     loop {
         let bound = if booted || accel == "tcg" {
             limit
@@ -618,6 +699,7 @@ fn boot(
                     return Ok(None);
                 }
                 failed.push(format!("(the guest ran past {limit:?} and was stopped)"));
+                timed_out = true;
                 break;
             }
         };
@@ -625,25 +707,110 @@ fn boot(
         writeln!(file, "{line}")?;
         match guest::parse(&line) {
             Some(guest::Report::Booted) => booted = true,
-            Some(guest::Report::Passed(t)) => passed.push(t),
-            Some(guest::Report::Failed(t)) => failed.push(t),
+            Some(guest::Report::Running(t)) => {
+                running = Some(t);
+                started += 1;
+            }
+            Some(guest::Report::Passed(t)) => {
+                running = None;
+                passed.push(t)
+            }
+            Some(guest::Report::Failed(t)) => {
+                running = None;
+                failed.push(t)
+            }
             Some(guest::Report::Done) => done = true,
-            None => {}
+            None => oops.read(&line),
         }
         println!("[{}] {line}", kernel.release);
     }
     let _ = child.wait();
     file.flush()?;
-    if !done && failed.is_empty() {
-        failed.push("(the guest ended before its tests did)".to_string());
-    }
-    Ok(Some(KernelResult {
-        series,
-        release: kernel.release.clone(),
-        accel,
+    let resume_at = from + started - usize::from(running.is_some());
+    Ok(Some(Boot {
         passed,
         failed,
+        done,
+        timed_out,
+        running,
+        resume_at,
+        oops: oops.words(),
         elapsed: start.elapsed(),
-        log: log.to_path_buf(),
     }))
+}
+
+/// `XTASK_MATRIX_CRASH_AT=K`: a kernel's first guest crashes its kernel in
+/// step K, to see the harness go on in a new guest. Nothing else sets it.
+fn crash_at(first: bool) -> String {
+    match std::env::var("XTASK_MATRIX_CRASH_AT") {
+        Ok(k) if first => format!(" {}={k}", guest::CRASH_ARG),
+        _ => String::new(),
+    }
+}
+
+/// The lines of a kernel's console that say why it died.
+#[derive(Default)]
+struct Oops {
+    first: Option<String>,
+    rip: Option<String>,
+}
+
+impl Oops {
+    fn read(&mut self, line: &str) {
+        // (After the console's timestamp, `[  252.748636] `.)
+        let text = line.split_once("] ").map_or(line, |(_, t)| t).trim();
+        let says_oops = [
+            "BUG:",
+            "Oops",
+            "general protection fault",
+            "Kernel panic",
+            "kernel BUG",
+        ]
+        .iter()
+        .any(|w| text.starts_with(w));
+        if says_oops && self.first.is_none() {
+            self.first = Some(text.to_string());
+        }
+        if text.starts_with("RIP:") && self.rip.is_none() {
+            self.rip = Some(text.to_string());
+        }
+    }
+
+    fn words(self) -> Option<String> {
+        match (self.first, self.rip) {
+            (None, None) => None,
+            (a, b) => Some(a.into_iter().chain(b).collect::<Vec<_>>().join("; ")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Oops;
+
+    /// The words kept from a console that ended in an oops: the 6.12
+    /// guest's on CI, which died while a test loaded its programs.
+    #[test]
+    fn an_oops_is_kept_in_the_kernels_words() {
+        let mut oops = Oops::default();
+        for line in [
+            "[  252.740000] BUG: unable to handle page fault for address: ffff8d41a4b61a00",
+            "[  252.748559] ---[ end trace 0000000000000000 ]---",
+            "[  252.748636] RIP: 0010:push_stack+0x8a/0x130",
+            "MATRIX running faults::x (round 1)",
+            "[  252.748791] Kernel panic - not syncing: Fatal exception in interrupt",
+        ] {
+            oops.read(line);
+        }
+        assert_eq!(
+            oops.words().as_deref(),
+            Some(
+                "BUG: unable to handle page fault for address: ffff8d41a4b61a00; \
+                 RIP: 0010:push_stack+0x8a/0x130"
+            )
+        );
+        let mut quiet = Oops::default();
+        quiet.read("test result: ok. 1 passed");
+        assert_eq!(quiet.words(), None);
+    }
 }
