@@ -371,8 +371,12 @@ pub struct FlowState {
     pub paths: Paths,
     /// The ISN, when the SYN was seen in this direction.
     isn: Option<u32>,
-    /// Arrival of a SYN without ACK, until the handshake's next segment.
+    /// Arrival of the client's SYN (without ACK), when seen here: the
+    /// handshake's round trip runs from it, and the timestamps the data
+    /// echoes are read against it ([`replay::queueing`]).
     syn_ns: Option<u64>,
+    /// The SYN's next segment has not come yet.
+    in_handshake: bool,
     /// Round-trip time seen in the handshake (SYN to the next segment of
     /// this direction, at this observer), or from the socket.
     pub rtt_ns: Option<u64>,
@@ -549,12 +553,26 @@ impl FlowState {
             .as_ref()
             .filter(|w| w.log.data_segments > 0)
             .map(|w| {
+                // A handshake met whatever the path held then (a sender
+                // slow to answer, a queue): the data may have told a
+                // shorter round trip.
+                let sharing = link.sharing(&w.log.share);
+                let least = w
+                    .log
+                    .queueing
+                    .least_round_trip_ns(self.syn_ns, sharing.queueing_ns);
+                let path = match (path, least) {
+                    (replay::TraceRtt::Observed(Some(h)), Some(l)) => {
+                        replay::TraceRtt::Observed(Some(h.min(l as u64).max(1)))
+                    }
+                    _ => path,
+                };
                 replay::replay(
                     &w.log,
                     path,
                     cfg,
                     self.tcp_layer.covers(w.m.payload_bytes),
-                    Some(link.sharing(&w.log.share)),
+                    Some(sharing),
                 )
             })
     }
@@ -852,8 +870,10 @@ impl Engine {
             f.isn = Some(s.seq);
             // Only a client's SYN: its handshake ACK follows one RTT later.
             f.syn_ns = (s.flags & ACK == 0).then_some(s.ts_ns);
-        } else if let Some(syn_ns) = f.syn_ns.take() {
+            f.in_handshake = f.syn_ns.is_some();
+        } else if let Some(syn_ns) = f.syn_ns.filter(|_| f.in_handshake) {
             f.rtt_ns.get_or_insert(s.ts_ns.saturating_sub(syn_ns));
+            f.in_handshake = false;
         }
         if s.payload_len == 0 || s.flags & RST != 0 {
             // Summary mode: the flow's last data segments may have stayed in

@@ -639,6 +639,11 @@ pub struct Assumptions {
     pub flows_sharing: f64,
     /// The bottleneck's queue, in bandwidth-delay products.
     pub queue_bdp: f64,
+    /// The first slow start ends where CUBIC's HyStart (on in Linux, and
+    /// HyStart++ in Windows) sees the queue begin, the window filling the
+    /// link; else when the queue overflows. A receiver cannot tell which:
+    /// the estimate takes HyStart, its range both.
+    pub hystart: bool,
     /// The receiver sent DSACKs: a sender can undo a recovery they prove
     /// spurious (classic, as `classic_undo` says; linux-adaptive and
     /// rack-tlp always).
@@ -791,6 +796,7 @@ impl ReplayConfig {
             link_bps,
             flows_sharing: sharing.map_or(1.0, |s| s.flows),
             queue_bdp: self.queue_bdp.unwrap_or(DEFAULT_QUEUE_BDP),
+            hystart: true,
             receiver_dsack: self.receiver_dsack.is_none_or(|d| d.0),
             receiver_dsack_from: self.receiver_dsack.map_or(Source::Default, |d| d.1),
             timestamps: log.timestamps,

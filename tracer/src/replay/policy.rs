@@ -101,10 +101,13 @@ pub struct PolicyOutcome {
 impl PolicyOutcome {
     /// `policy`'s outcome on `log` under `a`, with the range of its
     /// estimate over what the receiver's view cannot tell: whether the
-    /// real sender undoes spurious recoveries (all it could, or none), and
-    /// the bottleneck's queue (half and twice the assumed). A flow
-    /// without a recovery or a timeout has none to vary.
-    /// (The queue changes the transfer, not the detection, which runs
+    /// real sender undoes spurious recoveries (all it could, or none), the
+    /// bottleneck's queue (half and twice the assumed), and where its
+    /// first slow start ended (HyStart's exit at the link, or the queue's
+    /// overflow), which a flow without a recovery or a timeout has none
+    /// of; and, for a flow that had less than its fair share of the link,
+    /// whether it would have kept to that part.
+    /// (The path changes the transfer, not the detection, which runs
     /// once for it; the undo only matters with spurious recoveries: a
     /// report's cost stays within about twice the estimate's.)
     pub fn with_range(policy: &Policy, log: &FlowLog, a: &Assumptions) -> Self {
@@ -113,17 +116,28 @@ impl PolicyOutcome {
         let (mut lo, mut hi) = (o.estimated_goodput_bps, o.estimated_goodput_bps);
         let mut widen = |e: f64| (lo, hi) = (lo.min(e), hi.max(e));
         if o.recovery_episodes + o.retransmission_timeouts > 0 {
-            for by in [0.5, 2.0] {
-                let queue = Assumptions {
-                    queue_bdp: a.queue_bdp * by,
-                    ..*a
-                };
-                widen(
-                    policy
-                        .outcome(&r, probes, log, &queue)
-                        .estimated_goodput_bps,
-                );
+            let queue = |by| Assumptions {
+                queue_bdp: a.queue_bdp * by,
+                ..*a
+            };
+            let hystart = Assumptions {
+                hystart: !a.hystart,
+                ..*a
+            };
+            for path in [queue(0.5), queue(2.0), hystart] {
+                widen(policy.outcome(&r, probes, log, &path).estimated_goodput_bps);
             }
+        }
+        // A flow that had less than its fair share of the link may have
+        // kept to that part (the others' senders as they were) rather
+        // than claimed the share the estimate gives it.
+        let kept = a.sharing.map(|s| a.link_bps * s.part);
+        if let Some(kept) = kept.filter(|&k| k < a.bottleneck_bps) {
+            let path = Assumptions {
+                bottleneck_bps: kept,
+                ..*a
+            };
+            widen(policy.outcome(&r, probes, log, &path).estimated_goodput_bps);
         }
         if o.spurious_recovery_episodes > 0 {
             for on in [true, false] {
@@ -651,7 +665,11 @@ impl Policy {
                 Reductions::At(&r.starts),
                 Undone(&r.undone_spans),
                 timeouts,
-                Start::SlowStart(INITIAL_WINDOW),
+                if a.hystart {
+                    Start::HyStart(INITIAL_WINDOW)
+                } else {
+                    Start::SlowStart(INITIAL_WINDOW)
+                },
                 a.duration_s,
             )
         };

@@ -124,6 +124,42 @@ impl Queueing {
         Some((e.sum / e.count as f64 - e.min as f64 - TICK_BIAS_NS).max(0.0))
     }
 
+    /// The least round trip the flow's data told, ns. With timestamps,
+    /// read against the SYN's arrival (`syn_ns`): the first data to arrive
+    /// echoes the SYN-ACK's TSval, sent as the SYN arrived, so its arrival
+    /// less the SYN's is its round trip, and each later echo's difference
+    /// from it is known to a tick. Without, from the fast
+    /// retransmissions' round trips, once there are ten: their tenth
+    /// percentile (not the least: a retransmission may answer an earlier
+    /// hole's ACKs), or less, their median less `link_queueing_ns`, the
+    /// queueing the flows with timestamps measured on the link it shared
+    /// (each round trip met the queue as it was), but not less than the
+    /// least of them.
+    pub fn least_round_trip_ns(
+        &self,
+        syn_ns: Option<u64>,
+        link_queueing_ns: Option<f64>,
+    ) -> Option<f64> {
+        let echoed = self.echoes.filter(Echoes::readable).zip(syn_ns);
+        if let Some((e, syn)) = echoed.filter(|(e, syn)| e.first_ns > *syn) {
+            let first = (e.first_ns - syn) as f64;
+            return Some((first + e.min as f64 + TICK_BIAS_NS).max(0.0));
+        }
+        let mut rtts = self.retransmit_rtts.clone();
+        if rtts.len() < 10 {
+            return None;
+        }
+        let tenth = rtts.len() / 10;
+        let low = f64::from(*rtts.select_nth_unstable(tenth).1) * 1000.0;
+        let mid = rtts.len() / 2;
+        let median = f64::from(*rtts.select_nth_unstable(mid).1) * 1000.0;
+        // (Never below the least of them: the link's queueing may have
+        // been another host's own, not on this flow's path.)
+        let least = f64::from(*rtts.iter().min().expect("ten")) * 1000.0;
+        let unqueued = link_queueing_ns.map_or(low, |q| (median - q).max(least));
+        Some(low.min(unqueued))
+    }
+
     /// The median fast retransmission's round trip past `base_rtt_ns`
     /// (the handshake's), ns.
     pub fn retransmitted_ns(&self, base_rtt_ns: u64) -> Option<f64> {
@@ -187,6 +223,34 @@ mod tests {
         // Without timestamps, or before anything was echoed: nothing.
         assert_eq!(q.echo(last_ack + 131 * MS, None), None);
         assert_eq!(q.echo(last_ack + 131 * MS, Some(0)), None);
+    }
+
+    #[test]
+    fn the_least_round_trip_is_read_against_the_syn() {
+        // The first half of the data took 130 ms (a queue, or a sender
+        // slow to answer), the second 80; the first echo echoes the
+        // SYN-ACK, sent as the SYN arrived: 130 ms before it.
+        let q = echoed(|n| if n < 1000 { 130 } else { 80 }, 7);
+        let syn = 5 * MS + 300_000;
+        let least = q.least_round_trip_ns(Some(syn), None).unwrap();
+        assert!(near(least, 80.0, 0.5), "{least}");
+        // Without the SYN, or with fewer than ten fast retransmissions,
+        // nothing; with ten or more, their tenth percentile.
+        assert_eq!(q.least_round_trip_ns(None, None), None);
+        let mut bare = Queueing::default();
+        for ms in [90, 85, 60, 120, 130, 100, 95, 88, 86] {
+            bare.retransmission(ms * MS);
+        }
+        assert_eq!(bare.least_round_trip_ns(Some(syn), None), None);
+        bare.retransmission(300 * MS);
+        assert_eq!(bare.least_round_trip_ns(None, None), Some(85e6));
+        // The link's flows with timestamps measured 20 ms of queueing:
+        // the median (95 ms) less it; 15 ms, more than the tenth
+        // percentile: that.
+        assert_eq!(bare.least_round_trip_ns(None, Some(20e6)), Some(75e6));
+        assert_eq!(bare.least_round_trip_ns(None, Some(5e6)), Some(85e6));
+        // 80 ms of the link's queueing was not all this flow's: its least.
+        assert_eq!(bare.least_round_trip_ns(None, Some(80e6)), Some(60e6));
     }
 
     #[test]

@@ -73,6 +73,10 @@ pub enum Start {
     /// In slow start from this initial window (RFC 6928: 10), doubling
     /// each round trip until the first reduction or the path is full.
     SlowStart(f64),
+    /// The same, but slow start ends once the window fills the link, where
+    /// the queue begins to build and CUBIC's HyStart (on in Linux) sees the
+    /// round trip grow; CUBIC's epoch starts there.
+    HyStart(f64),
 }
 
 /// When the window is reduced.
@@ -181,14 +185,15 @@ fn simulate_rounds(c: Congestion, path: &Path, run: Run<'_>, steady_at_once: boo
     }
     let cap = path.max_window();
     let rtt = path.rtt_s;
-    let (start_window, mut slow_start) = match start {
-        Start::Window(w) => (w, false),
-        Start::SlowStart(w) => (w, true),
+    let (start_window, mut slow_start, exit) = match start {
+        Start::Window(w) => (w, false, cap),
+        Start::SlowStart(w) => (w, true, cap),
+        Start::HyStart(w) => (w, true, path.bdp_segments().clamp(2.0, cap)),
     };
     let mut w = start_window.clamp(1.0, cap);
-    // Where slow start ends: the path's hold, or after a timeout the
-    // window the timer found (`restarting`).
-    let (mut ssthresh, mut restarting) = (cap, false);
+    // Where slow start ends: the path's hold (or HyStart's), or after a
+    // timeout the window the timer found (`restarting`).
+    let (mut ssthresh, mut restarting) = (exit, false);
     let mut timeouts_due = timeouts.at.iter().copied().peekable();
     // CUBIC epoch state: the last maximum, when the epoch began, the
     // window then, and the TCP-friendly estimate.
@@ -288,6 +293,10 @@ fn simulate_rounds(c: Congestion, path: &Path, run: Run<'_>, steady_at_once: boo
             slow_start = w < ssthresh;
             if !restarting {
                 (w_max, w_est) = (w, w);
+                if !slow_start {
+                    // (CUBIC's first epoch grows from where it ended.)
+                    (epoch_start, w_epoch) = (t, w);
+                }
             } else if !slow_start {
                 // Back at the window the timer found: CUBIC's epoch
                 // starts again there, its maximum kept.
@@ -649,6 +658,36 @@ mod tests {
         );
         let want = (10.0 + 20.0 + 40.0 + 8.5 * 80.0) * 1448.0 * 8.0;
         assert!((r - want).abs() < 1.0, "{r} vs {want}");
+    }
+
+    #[test]
+    fn hystart_fills_the_link_but_leaves_no_queue_to_reduce_into() {
+        // With no reduction, slow start to the link (HyStart) or to the
+        // queue's end gives the same: 10, 20, 40, then the link's 80.
+        let run = |start, at: &[f64]| {
+            simulate(
+                Congestion::Cubic,
+                &eighty(1.0),
+                Reductions::At(at),
+                Undone::NONE,
+                Timeouts::NONE,
+                start,
+                3.0,
+            )
+        };
+        let want = (10.0 + 20.0 + 40.0 + 27.0 * 80.0) * 1448.0 * 8.0 / 3.0;
+        for start in [Start::SlowStart(10.0), Start::HyStart(10.0)] {
+            let r = run(start, &[]);
+            assert!((r - want).abs() < 1.0, "{start:?}: {r} vs {want}");
+        }
+        // A reduction at 1 s: from 160 segments (a full queue) 0.7 still
+        // fills the link; from HyStart's (80, grown to at most 84 by CUBIC's
+        // TCP-friendly half segment a round trip) 0.7 is at most 59, and
+        // the first round trip after it alone delivers 21 segments fewer.
+        assert!((run(Start::SlowStart(10.0), &[1.0]) - want).abs() < 1.0);
+        let short = 21.0 * 1448.0 * 8.0 / 3.0;
+        let r = run(Start::HyStart(10.0), &[1.0]);
+        assert!(r < want - short, "{r} vs {}", want - short);
     }
 
     #[test]

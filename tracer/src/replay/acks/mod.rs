@@ -153,6 +153,7 @@ mod tests {
             link_bps: 8e8,
             flows_sharing: 1.0,
             queue_bdp: 1.0,
+            hystart: false,
             receiver_dsack: true,
             receiver_dsack_from: Source::Given,
             timestamps: true,
