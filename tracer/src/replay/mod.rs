@@ -741,9 +741,18 @@ impl ReplayConfig {
         let queueing_us = (rtt_from == Source::Trace)
             .then(|| {
                 let q = &log.queueing;
+                let base = (rtt_us * 1000.0) as u64;
+                // Its own retransmissions, if many, before the link's: the
+                // flows that measured the link may have queued at their
+                // own hosts (an edge host's clients, each behind its own
+                // uplink), not on this flow's path.
                 q.echoed_ns()
+                    .or_else(|| {
+                        q.retransmitted_ns(base)
+                            .filter(|_| q.many_retransmissions())
+                    })
                     .or(sharing.and_then(|s| s.queueing_ns))
-                    .or_else(|| q.retransmitted_ns((rtt_us * 1000.0) as u64))
+                    .or_else(|| q.retransmitted_ns(base))
             })
             .flatten()
             .map(|ns| ns / 1000.0);
