@@ -188,7 +188,8 @@ fn simulate_rounds(c: Congestion, path: &Path, run: Run<'_>, steady_at_once: boo
     let (start_window, mut slow_start, exit) = match start {
         Start::Window(w) => (w, false, cap),
         Start::SlowStart(w) => (w, true, cap),
-        Start::HyStart(w) => (w, true, path.bdp_segments().clamp(2.0, cap)),
+        // (A path that holds less than two segments: its hold.)
+        Start::HyStart(w) => (w, true, path.bdp_segments().max(2.0).min(cap)),
     };
     let mut w = start_window.clamp(1.0, cap);
     // Where slow start ends: the path's hold (or HyStart's), or after a
@@ -685,6 +686,24 @@ mod tests {
         // TCP-friendly half segment a round trip) 0.7 is at most 59, and
         // the first round trip after it alone delivers 21 segments fewer.
         assert!((run(Start::SlowStart(10.0), &[1.0]) - want).abs() < 1.0);
+        // A path that holds less than two segments: HyStart's exit is its
+        // hold, and the window fills it.
+        let tiny = Path {
+            bottleneck_bps: 0.5 * 1448.0 * 8.0 / 0.1,
+            ..eighty(0.0)
+        };
+        for start in [Start::SlowStart(10.0), Start::HyStart(10.0)] {
+            let r = simulate(
+                Congestion::Cubic,
+                &tiny,
+                Reductions::At(&[]),
+                Undone::NONE,
+                Timeouts::NONE,
+                start,
+                1.0,
+            );
+            assert!((r - tiny.bottleneck_bps).abs() < 1.0, "{start:?}: {r}");
+        }
         let short = 21.0 * 1448.0 * 8.0 / 3.0;
         let r = run(Start::HyStart(10.0), &[1.0]);
         assert!(r < want - short, "{r} vs {}", want - short);
