@@ -742,17 +742,21 @@ impl ReplayConfig {
             .then(|| {
                 let q = &log.queueing;
                 let base = (rtt_us * 1000.0) as u64;
-                // Its own retransmissions, if many, before the link's: the
-                // flows that measured the link may have queued at their
-                // own hosts (an edge host's clients, each behind its own
-                // uplink), not on this flow's path.
-                q.echoed_ns()
-                    .or_else(|| {
-                        q.retransmitted_ns(base)
-                            .filter(|_| q.many_retransmissions())
-                    })
-                    .or(sharing.and_then(|s| s.queueing_ns))
-                    .or_else(|| q.retransmitted_ns(base))
+                // Without timestamps, both other readings err high: the
+                // link's flows may have queued at their own hosts (an edge
+                // host's clients, each behind its own uplink), and a
+                // recovery's retransmissions leave at PRR's pace. The
+                // lower of the two, the flow's own counting once it has
+                // ten retransmissions.
+                let own = q
+                    .retransmitted_ns(base)
+                    .filter(|_| q.many_retransmissions());
+                let link = sharing.and_then(|s| s.queueing_ns);
+                let lower = match (own, link) {
+                    (Some(o), Some(l)) => Some(o.min(l)),
+                    (o, l) => o.or(l),
+                };
+                q.echoed_ns().or(lower).or_else(|| q.retransmitted_ns(base))
             })
             .flatten()
             .map(|ns| ns / 1000.0);

@@ -21,12 +21,13 @@
 //! median, less the flow's least round trip, is the queueing (one later
 //! than Linux's minimum RTO, 200 ms, past it may have waited for its
 //! timer: not counted). Biased (a loss at a drop-tail queue comes when it
-//! is full; a sender's retransmission may answer an earlier hole's ACKs),
-//! they count when there are ten or more. Else the flow met the queue the
-//! flows with timestamps measured in the link's bins it had data in (the
-//! same FIFO, if they shared it: [`super::share`]; in the lab, each guest
-//! queues at its own egress, 34 ms against another's 120, as an edge
-//! host's clients each behind its own uplink); failing that, the few
+//! is full; a recovery's retransmissions leave at PRR's pace, the later
+//! ones later), they count when there are ten or more. The flow may also
+//! have met the queue the flows with timestamps measured in the link's
+//! bins it had data in (the same FIFO, if they shared it:
+//! [`super::share`]; but in the lab each guest queues at its own egress,
+//! 34 ms against another's 120, as an edge host's clients each behind its
+//! own uplink). Both err high: the lower is taken; failing both, the few
 //! retransmissions there were.
 
 use super::RTO_MIN_NS;
