@@ -214,7 +214,7 @@ pub fn run(
             // is not one. The test it died in runs again in a fresh guest
             // (and the plan goes on from there); dying twice in the same
             // step is that test's failure.
-            let test = b.running.clone().unwrap_or_else(|| "between tests".into());
+            let test = b.running.unwrap_or_else(|| "between tests".into());
             let why = b.oops.unwrap_or_else(|| "no oops on the console".into());
             let step = b.resume_at;
             if died_in == Some(step) {
@@ -609,8 +609,8 @@ fn cpio_entry(out: &mut impl Write, ino: u32, mode: u32, name: &[u8], data: &[u8
 /// Boots `image` on `kernel` to run its plan, from its start or from step
 /// `resume_at` after a guest died, streaming the guest's console (prefixed
 /// with its release) and keeping it in `log` (appended to when resuming);
-/// stops it after `limit`. `None` if a KVM
-/// guest did not say it booted in time.
+/// stops it after `limit`. `None` if a KVM guest did not say it booted in
+/// time.
 fn boot(
     kernel: &Kernel,
     image: &Path,

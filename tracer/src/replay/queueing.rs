@@ -153,13 +153,11 @@ impl Queueing {
             return None;
         }
         let mut rtts = self.retransmit_rtts.clone();
-        let tenth = rtts.len() / 10;
-        let low = f64::from(*rtts.select_nth_unstable(tenth).1) * 1000.0;
-        let mid = rtts.len() / 2;
-        let median = f64::from(*rtts.select_nth_unstable(mid).1) * 1000.0;
+        rtts.sort_unstable();
+        let ns = |i: usize| f64::from(rtts[i]) * 1000.0;
+        let (least, low, median) = (ns(0), ns(rtts.len() / 10), ns(rtts.len() / 2));
         // (Never below the least of them: the link's queueing may have
         // been another host's own, not on this flow's path.)
-        let least = f64::from(*rtts.iter().min().expect("ten")) * 1000.0;
         let unqueued = link_queueing_ns.map_or(low, |q| (median - q).max(least));
         Some(low.min(unqueued))
     }
@@ -171,7 +169,7 @@ impl Queueing {
     }
 
     /// The median fast retransmission's round trip past `base_rtt_ns`
-    /// (the handshake's), ns.
+    /// (the flow's least round trip), ns.
     pub fn retransmitted_ns(&self, base_rtt_ns: u64) -> Option<f64> {
         let mut fast: Vec<u64> = self
             .retransmit_rtts

@@ -663,12 +663,10 @@ mod tests {
 
     #[test]
     fn hystart_fills_the_link_but_leaves_no_queue_to_reduce_into() {
-        // With no reduction, slow start to the link (HyStart) or to the
-        // queue's end gives the same: 10, 20, 40, then the link's 80.
-        let run = |start, at: &[f64]| {
+        let run = |path: &Path, start, at: &[f64]| {
             simulate(
                 Congestion::Cubic,
-                &eighty(1.0),
+                path,
                 Reductions::At(at),
                 Undone::NONE,
                 Timeouts::NONE,
@@ -676,37 +674,33 @@ mod tests {
                 3.0,
             )
         };
+        let both = [Start::SlowStart(10.0), Start::HyStart(10.0)];
+        // With no reduction, slow start to the link (HyStart) or to the
+        // queue's end gives the same: 10, 20, 40, then the link's 80.
         let want = (10.0 + 20.0 + 40.0 + 27.0 * 80.0) * 1448.0 * 8.0 / 3.0;
-        for start in [Start::SlowStart(10.0), Start::HyStart(10.0)] {
-            let r = run(start, &[]);
+        for start in both {
+            let r = run(&eighty(1.0), start, &[]);
             assert!((r - want).abs() < 1.0, "{start:?}: {r} vs {want}");
         }
         // A reduction at 1 s: from 160 segments (a full queue) 0.7 still
         // fills the link; from HyStart's (80, grown to at most 84 by CUBIC's
         // TCP-friendly half segment a round trip) 0.7 is at most 59, and
         // the first round trip after it alone delivers 21 segments fewer.
-        assert!((run(Start::SlowStart(10.0), &[1.0]) - want).abs() < 1.0);
+        let r = run(&eighty(1.0), Start::SlowStart(10.0), &[1.0]);
+        assert!((r - want).abs() < 1.0);
+        let short = 21.0 * 1448.0 * 8.0 / 3.0;
+        let r = run(&eighty(1.0), Start::HyStart(10.0), &[1.0]);
+        assert!(r < want - short, "{r} vs {}", want - short);
         // A path that holds less than two segments: HyStart's exit is its
         // hold, and the window fills it.
         let tiny = Path {
             bottleneck_bps: 0.5 * 1448.0 * 8.0 / 0.1,
             ..eighty(0.0)
         };
-        for start in [Start::SlowStart(10.0), Start::HyStart(10.0)] {
-            let r = simulate(
-                Congestion::Cubic,
-                &tiny,
-                Reductions::At(&[]),
-                Undone::NONE,
-                Timeouts::NONE,
-                start,
-                1.0,
-            );
+        for start in both {
+            let r = run(&tiny, start, &[]);
             assert!((r - tiny.bottleneck_bps).abs() < 1.0, "{start:?}: {r}");
         }
-        let short = 21.0 * 1448.0 * 8.0 / 3.0;
-        let r = run(Start::HyStart(10.0), &[1.0]);
-        assert!(r < want - short, "{r} vs {}", want - short);
     }
 
     #[test]
