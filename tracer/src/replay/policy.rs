@@ -102,7 +102,8 @@ impl PolicyOutcome {
     /// `policy`'s outcome on `log` under `a`, with the range of its
     /// estimate over what the receiver's view cannot tell: whether the
     /// real sender undoes spurious recoveries (all it could, or none), the
-    /// bottleneck's queue (half and twice the assumed), and where its
+    /// bottleneck's queue (half and twice the assumed; the others', or the
+    /// flow's own), and where its
     /// first slow start ended (HyStart's exit at the link, or the queue's
     /// overflow), which a flow without a recovery or a timeout has none
     /// of; and, for a flow that had less than its fair share of the link,
@@ -126,6 +127,20 @@ impl PolicyOutcome {
             };
             for path in [queue(0.5), queue(2.0), hystart] {
                 widen(policy.outcome(&r, probes, log, &path).estimated_goodput_bps);
+            }
+            if a.min_rtt_us > 0.0 && a.rtt_us > a.min_rtt_us {
+                // The queueing the flow met may have been its own (a
+                // sender's own egress, a path it alone filled) rather than
+                // the others' at a shared queue: its window then fills the
+                // link from the least round trip's product, and a
+                // reduction drains the queue before it costs the link.
+                // (The window the path holds is the same.)
+                let own = Assumptions {
+                    rtt_us: a.min_rtt_us,
+                    queue_bdp: a.rtt_us / a.min_rtt_us * (1.0 + a.queue_bdp) - 1.0,
+                    ..*a
+                };
+                widen(policy.outcome(&r, probes, log, &own).estimated_goodput_bps);
             }
         }
         // A flow that had less than its fair share of the link may have
@@ -1192,6 +1207,36 @@ mod tests {
         assert!(never.estimated_goodput_bps < undoes.estimated_goodput_bps);
         assert_eq!(lo, never.estimated_goodput_bps);
         assert!(lo < undoes.estimated_goodput_bps && undoes.estimated_goodput_bps <= hi);
+    }
+
+    /// A flow's queueing may have been its own rather than the others' at
+    /// a shared queue. Here a round trip of 2 ms over a 1 ms path, no
+    /// buffer beyond what the flow met, and one recovery never undone: at
+    /// a shared queue its window falls below the link's and regrows
+    /// (the estimate); had the millisecond been its own queue, the cut
+    /// only drained it, and the link stayed full (the range's high end).
+    #[test]
+    fn an_estimates_range_spans_whose_queue_the_flow_met() {
+        let mut log = clean(100_000);
+        late(&mut log, 500_000, 100, 4);
+        let r = replay(&log, TraceRtt::Observed(None), &cfg(), false, None);
+        let a = Assumptions {
+            rtt_us: 2000.0,
+            min_rtt_us: 1000.0,
+            queue_bdp: 0.0,
+            bottleneck_bps: 1e9,
+            ..r.assumptions.unwrap()
+        };
+        let classic = Policy::Classic {
+            dupthresh: 3,
+            undo: false,
+        };
+        let o = PolicyOutcome::with_range(&classic, &log, &a);
+        assert_eq!(o.recovery_episodes, 1);
+        let (_, hi) = o.estimated_goodput_range_bps;
+        assert!(o.estimated_goodput_bps < 0.98e9, "{o:?}");
+        // The link full but for the first slow start's few round trips.
+        assert!(hi > 0.99e9, "{o:?}");
     }
 
     /// What a sender can undo by: the receiver's DSACKs (classic, as it
