@@ -208,7 +208,10 @@ fn main() {
         println!("events benchmark: skipped: needs root (namespaces, the tracer)");
         return;
     }
-    let topo = Topology::create(&TopologyOptions { queues: 1 }).expect("namespaces");
+    let topo = Topology::create(&TopologyOptions {
+        queues: 1,
+        ..Default::default()
+    }).expect("namespaces");
     println!(
         "events benchmark: {FLOWS} flows a sender of {PAYLOAD}-byte segments sent into the traced interface, {:.1} s a step; full mode",
         STEP.as_secs_f64()

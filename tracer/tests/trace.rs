@@ -21,7 +21,7 @@ use std::{
 
 use serde_json::Value;
 use tracer::{
-    lab::{self, Lab, LabSpec},
+    lab::{self, Lab, LabSpec, Topology, TopologyOptions},
     source::{
         capture::{CaptureReader, Item},
         Observation,
@@ -29,7 +29,7 @@ use tracer::{
 };
 
 mod common;
-use common::{root_or_skip, tshark, u, BIN};
+use common::{root_or_skip, said, spawn_tracer, tshark, u, BIN};
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("tracer-trace-{}-{name}", std::process::id()))
@@ -471,4 +471,60 @@ fn a_killed_record_leaves_nothing_attached_and_a_readable_trace() {
         report["kernel"].is_object(),
         "the statistics written so far"
     );
+}
+
+/// Native XDP on a veth takes TSO from its peer (the veth driver's rule,
+/// read back from the peer with ethtool): `record` says so in one line at
+/// start, with the way out; with `--xdp-mode generic` the peer keeps its
+/// TSO and nothing is said. Detached, the peer has it back.
+#[test]
+fn native_xdp_on_a_veth_says_what_it_takes_from_the_peer() {
+    if !root_or_skip("native_xdp_on_a_veth_says_what_it_takes_from_the_peer") {
+        return;
+    }
+    let topo = Topology::create(&TopologyOptions {
+        queues: 1,
+        direct: true,
+    })
+    .expect("namespaces");
+    let peer_gso = || {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &topo.client_ns, "ethtool", "-k", lab::CLIENT_IF])
+            .output()
+            .expect("ethtool");
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix("tcp-segmentation-offload: "))
+            .unwrap_or_else(|| panic!("no TSO line in ethtool -k: {out}"));
+        line.split_whitespace().next().unwrap().to_string()
+    };
+    assert_eq!(peer_gso(), "on");
+    for (mode, native) in [("auto", true), ("generic", false)] {
+        let (child, rx) = spawn_tracer(&[
+            "record",
+            "--quiet",
+            "--iface",
+            lab::SERVER_IF,
+            "--netns",
+            &topo.server_ns,
+            "--xdp-mode",
+            mode,
+            "--duration",
+            "60",
+        ]);
+        let first = said(&rx, "tracing TCP received on");
+        let gso = peer_gso();
+        signal(&child, libc::SIGINT);
+        let out = child.wait_with_output().expect("record");
+        assert!(out.status.success(), "{mode}: {}", first);
+        let said: Vec<String> = rx.iter().collect();
+        let noted = said.iter().any(|l| l.contains("turns its peer's TSO off"));
+        assert_eq!(
+            (gso.as_str(), noted),
+            (if native { "off" } else { "on" }, native),
+            "--xdp-mode {mode}: {first}; then {said:?}"
+        );
+        assert_eq!(peer_gso(), "on", "--xdp-mode {mode}: detached");
+    }
 }

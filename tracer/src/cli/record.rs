@@ -29,6 +29,9 @@ pub fn record(args: RecordArgs, live: bool) -> Result<ExitCode> {
         traced_on(&tracer.iface, tracer.netns.as_deref()),
         tracer.mode
     );
+    if let Some(note) = run.veth_note() {
+        eprintln!("{note}");
+    }
     run.watch(live, Vec::new())?;
     let outcome = run.collect(|| false, duration, args.trace.quiet);
     let ended = run.end(outcome)?;

@@ -16,7 +16,7 @@ use crate::{
     engine::Engine,
     intervals::Intervals,
     jsonl::JsonLines,
-    kernel::{netns, KernelReport, Tracer, TracerOptions},
+    kernel::{netns, AttachedMode, KernelReport, Tracer, TracerOptions},
     metrics::Metrics,
     nic::{NicEvidence, NicWatch},
     output::{KeptFiles, OutputFile},
@@ -131,6 +131,20 @@ impl Run {
 
     pub fn tracer(&self) -> &Tracer {
         self.tracer.as_ref().expect("attached until stop")
+    }
+
+    /// What native XDP on a veth costs, said once at start: attaching it
+    /// makes the veth driver take TSO (all its GSO kinds) from the peer,
+    /// whose stack then segments every TCP packet in software.
+    pub fn veth_note(&self) -> Option<String> {
+        let tracer = self.tracer();
+        let veth = self.nic.first().driver.as_deref() == Some("veth");
+        (veth && tracer.mode == AttachedMode::Native).then(|| {
+            format!(
+                "tracer: native XDP on the veth {} turns its peer's TSO off: the peer's stack segments every TCP packet in software (an upload ran at 0.12 of its speed in `cargo xtask bench`); --xdp-mode generic keeps it, XDP then seeing the peer's TSO packets rather than wire segments",
+                tracer.iface
+            )
+        })
     }
 
     /// Collects until `until`, `duration` or a signal (progress lines

@@ -83,6 +83,9 @@ pub fn watch(args: WatchArgs) -> Result<ExitCode> {
         User::current(),
         privilege::named(&keep),
     );
+    if let Some(note) = run.veth_note() {
+        eprintln!("{note}");
+    }
     eprintln!(
         "tracer: metrics at {}; a report every {} s to {}, the latest {} kept; SIGHUP reopens them, SIGTERM ends",
         run.metrics_url().unwrap_or_default(),

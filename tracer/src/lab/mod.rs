@@ -126,11 +126,18 @@ pub fn cleanup_leftovers() -> Vec<String> {
 pub struct TopologyOptions {
     /// TX and RX queues of the edge -> server link (the server's RX queues).
     pub queues: u32,
+    /// The client and the server on one veth pair (`queues` queues), the
+    /// edge left out: a container's interface, its offloads as the
+    /// kernel sets them. (No [`Lab`] runs on it: its edge has no link.)
+    pub direct: bool,
 }
 
 impl Default for TopologyOptions {
     fn default() -> Self {
-        Self { queues: 4 }
+        Self {
+            queues: 4,
+            direct: false,
+        }
     }
 }
 
@@ -181,6 +188,18 @@ impl Topology {
         for ns in [&topo.client_ns, &topo.edge_ns, &topo.server_ns] {
             ip(&["netns", "add", ns])?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        if opts.direct {
+            topo.link(
+                (&topo.client_ns, CLIENT_IF, CLIENT_V4, CLIENT_V6),
+                (&topo.server_ns, SERVER_IF, SERVER_V4, SERVER_V6),
+                opts.queues,
+            )?;
+            for (ns, dev) in [(&topo.client_ns, CLIENT_IF), (&topo.server_ns, SERVER_IF)] {
+                ip(&["-n", ns, "route", "add", "default", "dev", dev])?;
+                ip(&["-n", ns, "-6", "route", "add", "default", "dev", dev])?;
+            }
+            return Ok(topo);
         }
         topo.link(
             (&topo.client_ns, CLIENT_IF, CLIENT_V4, CLIENT_V6),
@@ -727,6 +746,7 @@ impl Lab {
     pub fn create(spec: &LabSpec) -> Result<Self> {
         let topo = Topology::create(&TopologyOptions {
             queues: spec.queues,
+            direct: false,
         })?;
         let host = spec.senders.iter().filter(|s| !s.in_guest()).count();
         if host > 1 {
