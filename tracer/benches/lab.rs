@@ -86,7 +86,7 @@ impl Traced {
 #[derive(Clone, Copy, PartialEq)]
 enum Segments {
     /// One segment of MTU size per packet: the client's TSO and GSO off
-    /// (`gso_max_segs 1`), the receiver's GRO off, as a NIC delivers
+    /// (`ethtool -K`), the receiver's GRO off, as a NIC delivers
     /// them.
     Mtu,
     /// The veth's own offloads (a container's interface): native XDP on

@@ -141,7 +141,7 @@ impl Run {
         let veth = self.nic.first().driver.as_deref() == Some("veth");
         (veth && tracer.mode == AttachedMode::Native).then(|| {
             format!(
-                "tracer: native XDP on the veth {} turns its peer's TSO off: the peer's stack segments every TCP packet in software (an upload ran at 0.12 of its speed in `cargo xtask bench`); --xdp-mode generic keeps it, XDP then seeing the peer's TSO packets rather than wire segments",
+                "tracer: native XDP on the veth {} turns its peer's TSO off: the peer's stack segments every TCP packet in software (an upload over a veth pair ran at 0.11 of its speed with any program attached so, in `cargo xtask bench`); --xdp-mode generic keeps it, XDP then seeing the peer's TSO packets rather than wire segments",
                 tracer.iface
             )
         })
