@@ -211,7 +211,8 @@ fn main() {
     let topo = Topology::create(&TopologyOptions {
         queues: 1,
         ..Default::default()
-    }).expect("namespaces");
+    })
+    .expect("namespaces");
     println!(
         "events benchmark: {FLOWS} flows a sender of {PAYLOAD}-byte segments sent into the traced interface, {:.1} s a step; full mode",
         STEP.as_secs_f64()

@@ -12,7 +12,10 @@
 //! run and decide, and emit nothing). Two tables: segments of MTU size
 //! (the client's TSO and GSO off, the receiver's GRO off: as a NIC
 //! delivers them), and the veth's own offloads (a container's interface,
-//! whose peer native XDP turns TSO off). The sets alternate within each round;
+//! whose peer native XDP turns TSO off). The tracer and `count_pass` are
+//! attached as `record` attaches by default (native XDP; generic on a
+//! veth whose peer has TSO, which native would take from it), and the
+//! tracer once more natively. The sets alternate within each round;
 //! each ratio is the median over the rounds of the runs' ratio in their
 //! round (the VM's speed drifts between rounds by more than the
 //! differences measured). Also, per mode, the collector's CPU time per
@@ -28,8 +31,9 @@ use std::{
 use tracer::{
     engine::{Engine, EngineConfig},
     filter::Filter,
-    kernel::{Tracer, TracerOptions},
+    kernel::{Tracer, TracerOptions, XdpModeChoice},
     lab::{self, Topology, TopologyOptions, Upload, UploadSpec},
+    nic,
     record::{self, RecordOptions},
 };
 use tracer_common::counter;
@@ -102,11 +106,13 @@ enum Attached {
     CountPass,
     /// `tcpdump -s 128 -w FILE`.
     Tcpdump,
-    /// The tracer: summary mode's sample (0: full mode), and whether the
-    /// TCP layer (`tcp_probe`) is traced.
+    /// The tracer: summary mode's sample (0: full mode), whether the TCP
+    /// layer (`tcp_probe`) is traced, and the XDP mode asked for (`auto`
+    /// as `record` resolves it: generic on a veth whose peer has TSO).
     Tracer {
         summary: u32,
         tcp_layer: bool,
+        xdp: XdpModeChoice,
     },
     /// Full mode's floor: `emit_floor` in `tag_rx`'s place (a clock read
     /// and a ring record per frame), no TCP layer, and a collector that
@@ -118,14 +124,18 @@ enum Attached {
     KeepsNothing,
 }
 
-/// Attaches `count_pass` to the receiving interface; detached when the
-/// returned object is dropped.
+/// Attaches `count_pass` to the receiving interface the way `record`
+/// attaches by default; detached when the returned object is dropped.
 fn attach_count_pass(topo: &Topology) -> aya::Ebpf {
+    let mode = match record_xdp(topo, XdpModeChoice::Auto) {
+        XdpModeChoice::Generic => aya::programs::XdpMode::Skb,
+        _ => aya::programs::XdpMode::Driver,
+    };
     let mut ebpf = aya::Ebpf::load(tracer::EBPF_OBJECT).expect("loading the eBPF object");
     let p: &mut aya::programs::Xdp = ebpf.program_mut("count_pass").unwrap().try_into().unwrap();
     p.load().expect("loading count_pass");
     let _ns = tracer::kernel::netns::NetnsGuard::enter(&topo.server_ns).expect("netns");
-    p.attach(lab::SERVER_IF, aya::programs::XdpMode::Driver)
+    p.attach(lab::SERVER_IF, mode)
         .expect("attaching count_pass");
     ebpf
 }
@@ -143,7 +153,14 @@ impl Tcpdump {
     fn start(topo: &Topology) -> Self {
         let file = std::env::temp_dir().join(format!("tracer-bench-{}.pcap", std::process::id()));
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &topo.server_ns, "tcpdump", "-i", lab::SERVER_IF])
+            .args([
+                "netns",
+                "exec",
+                &topo.server_ns,
+                "tcpdump",
+                "-i",
+                lab::SERVER_IF,
+            ])
             .args(["-s", SNAPLEN, "-Z", "root", "-w"])
             .arg(&file)
             .stdout(Stdio::null())
@@ -201,6 +218,12 @@ fn ethtool(ns: &str, dev: &str, args: &[&str]) {
     assert!(ok.success(), "ethtool -K {dev} {}", args.join(" "));
 }
 
+/// The XDP mode `record` takes on the receiving interface when asked
+/// for `asked`.
+fn record_xdp(topo: &Topology, asked: XdpModeChoice) -> XdpModeChoice {
+    nic::veth::xdp_mode(lab::SERVER_IF, Some(&topo.server_ns), asked).0
+}
+
 fn upload(segments: Segments, attached: Attached) -> Run {
     let topo = Topology::create(&TopologyOptions {
         queues: 4,
@@ -208,20 +231,30 @@ fn upload(segments: Segments, attached: Attached) -> Run {
     })
     .expect("namespaces");
     if segments == Segments::Mtu {
-        ethtool(&topo.client_ns, lab::CLIENT_IF, &["tso", "off", "gso", "off"]);
+        ethtool(
+            &topo.client_ns,
+            lab::CLIENT_IF,
+            &["tso", "off", "gso", "off"],
+        );
         ethtool(&topo.server_ns, lab::SERVER_IF, &["gro", "off"]);
     }
     let _count_pass = matches!(attached, Attached::CountPass).then(|| attach_count_pass(&topo));
     let tcpdump = matches!(attached, Attached::Tcpdump).then(|| Tcpdump::start(&topo));
+    let auto = XdpModeChoice::Auto;
     let traced = match attached {
-        Attached::Tracer { summary, tcp_layer } => Some((summary, tcp_layer)),
-        Attached::Floor => Some((0, false)),
-        Attached::KeepsNothing => Some((SUMMARY, true)),
+        Attached::Tracer {
+            summary,
+            tcp_layer,
+            xdp,
+        } => Some((summary, tcp_layer, xdp)),
+        Attached::Floor => Some((0, false, auto)),
+        Attached::KeepsNothing => Some((SUMMARY, true, auto)),
         _ => None,
     };
-    let mut tracer = traced.map(|(summary, tcp_layer)| {
+    let mut tracer = traced.map(|(summary, tcp_layer, xdp)| {
         let mut opts = TracerOptions::new(lab::SERVER_IF);
         opts.netns = Some(topo.server_ns.clone());
+        opts.xdp_mode = record_xdp(&topo, xdp);
         opts.summary_sample = summary;
         opts.tcp_layer = tcp_layer;
         opts.floor = matches!(attached, Attached::Floor);
@@ -317,7 +350,7 @@ const COUNT_PASS: usize = 1;
 const TCPDUMP: usize = 2;
 const FULL: usize = 5;
 const NO_TCP_LAYER: usize = 7;
-const SETS: [(&str, Attached); 8] = [
+const SETS: [(&str, Attached); 9] = [
     ("without the tracer", Attached::Nothing),
     ("count_pass only", Attached::CountPass),
     ("tcpdump -s 128 -w", Attached::Tcpdump),
@@ -328,6 +361,7 @@ const SETS: [(&str, Attached); 8] = [
         Attached::Tracer {
             summary: 0,
             tcp_layer: true,
+            xdp: XdpModeChoice::Auto,
         },
     ),
     (
@@ -335,6 +369,7 @@ const SETS: [(&str, Attached); 8] = [
         Attached::Tracer {
             summary: SUMMARY,
             tcp_layer: true,
+            xdp: XdpModeChoice::Auto,
         },
     ),
     (
@@ -342,6 +377,15 @@ const SETS: [(&str, Attached); 8] = [
         Attached::Tracer {
             summary: SUMMARY,
             tcp_layer: false,
+            xdp: XdpModeChoice::Auto,
+        },
+    ),
+    (
+        "full, --xdp-mode native",
+        Attached::Tracer {
+            summary: 0,
+            tcp_layer: true,
+            xdp: XdpModeChoice::Native,
         },
     ),
 ];
@@ -395,10 +439,8 @@ fn table(segments: Segments, title: &str) {
             ),
             NO_TCP_LAYER => format!(
                 " ({})",
-                Target::AtLeast(ratio(COUNT_PASS) - 0.03).say(
-                    r,
-                    &format!("count_pass's {:.3} - 0.03", ratio(COUNT_PASS))
-                )
+                Target::AtLeast(ratio(COUNT_PASS) - 0.03)
+                    .say(r, &format!("count_pass's {:.3} - 0.03", ratio(COUNT_PASS)))
             ),
             _ => String::new(),
         };

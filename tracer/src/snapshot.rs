@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::{
     config::EngineConfig,
-    kernel::{Counters, KernelReport},
+    kernel::{AttachedMode, Counters, KernelReport},
     nic::{
         fix::{self, Fix},
         NicEvidence,
@@ -36,6 +36,12 @@ pub struct Snapshot {
     pub kernel: Option<BTreeMap<&'static str, u64>>,
     /// The kernel traced on: its release and what it lacks.
     pub linux: Option<KernelReport>,
+    /// The XDP attachment a live trace ran with: native sees the frames
+    /// as the driver received them (wire segments on a NIC); generic the
+    /// skbs the stack takes (after GRO, and a veth peer's TSO packets:
+    /// several segments at once).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xdp: Option<AttachedMode>,
     /// The collector's peak resident memory (a live trace).
     pub peak_resident_bytes: Option<u64>,
     /// What the engine's flows hold, its budget, and what it gave up.
@@ -136,6 +142,11 @@ impl Snapshot {
     /// Adds which kernel the trace was taken on.
     pub fn with_linux(mut self, linux: Option<KernelReport>) -> Self {
         self.linux = linux;
+        self
+    }
+
+    pub fn with_xdp(mut self, xdp: Option<AttachedMode>) -> Self {
+        self.xdp = xdp;
         self
     }
 }

@@ -299,12 +299,15 @@ fn a_recorded_trace_is_what_tshark_and_the_lab_saw_and_analyzes_to_the_same_repo
     let again: Value = serde_json::from_slice(&analyzed.stdout).unwrap();
     // (All but the recording collector's memory and the budget left after
     // it, what the NIC said and the fix fitted to it, what the interface
-    // did: the run's, not the trace's.)
+    // did and how it was attached: the run's, not the trace's.) The lab's
+    // edge sends wire segments, its TSO off: on its veth, `auto` takes
+    // native XDP, which takes nothing from it.
     let (mut recorded, mut again) = (report.clone(), again);
     recorded["peak_resident_bytes"] = Value::Null;
     assert!(recorded["nic"]["end"]["driver"] == "veth" && recorded["fix"].is_object());
     assert_eq!(recorded["interface"]["went_down"], 0);
-    for live_only in ["nic", "fix", "interface"] {
+    assert_eq!(recorded["xdp"], "native");
+    for live_only in ["nic", "fix", "interface", "xdp"] {
         recorded.as_object_mut().unwrap().remove(live_only);
     }
     for r in [&mut recorded, &mut again] {
@@ -474,12 +477,13 @@ fn a_killed_record_leaves_nothing_attached_and_a_readable_trace() {
 }
 
 /// Native XDP on a veth takes TSO from its peer (the veth driver's rule,
-/// read back from the peer with ethtool): `record` says so in one line at
-/// start, with the way out; with `--xdp-mode generic` the peer keeps its
-/// TSO and nothing is said. Detached, the peer has it back.
+/// read back from the peer with ethtool). `record` on a veth whose peer
+/// has TSO takes generic XDP unless told native, says which in one line
+/// at start and in its report; told native, it says what that costs.
+/// Detached, the peer has its TSO back.
 #[test]
-fn native_xdp_on_a_veth_says_what_it_takes_from_the_peer() {
-    if !root_or_skip("native_xdp_on_a_veth_says_what_it_takes_from_the_peer") {
+fn on_a_veth_record_keeps_the_peers_tso_unless_told_native() {
+    if !root_or_skip("on_a_veth_record_keeps_the_peers_tso_unless_told_native") {
         return;
     }
     let topo = Topology::create(&TopologyOptions {
@@ -487,9 +491,16 @@ fn native_xdp_on_a_veth_says_what_it_takes_from_the_peer() {
         direct: true,
     })
     .expect("namespaces");
-    let peer_gso = || {
+    let peer_tso = || {
         let out = Command::new("ip")
-            .args(["netns", "exec", &topo.client_ns, "ethtool", "-k", lab::CLIENT_IF])
+            .args([
+                "netns",
+                "exec",
+                &topo.client_ns,
+                "ethtool",
+                "-k",
+                lab::CLIENT_IF,
+            ])
             .output()
             .expect("ethtool");
         let out = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -499,32 +510,52 @@ fn native_xdp_on_a_veth_says_what_it_takes_from_the_peer() {
             .unwrap_or_else(|| panic!("no TSO line in ethtool -k: {out}"));
         line.split_whitespace().next().unwrap().to_string()
     };
-    assert_eq!(peer_gso(), "on");
-    for (mode, native) in [("auto", true), ("generic", false)] {
+    assert_eq!(peer_tso(), "on");
+    // (--xdp-mode, the mode that ran, the peer's TSO meanwhile, the line.)
+    let cases = [
+        (
+            "auto",
+            "generic",
+            "on",
+            Some("generic XDP, which takes nothing from the peer"),
+        ),
+        ("native", "native", "off", Some("turns its peer's TSO off")),
+        ("generic", "generic", "on", None),
+    ];
+    for (asked, ran, tso, line) in cases {
         let (child, rx) = spawn_tracer(&[
             "record",
             "--quiet",
+            "--json",
             "--iface",
             lab::SERVER_IF,
             "--netns",
             &topo.server_ns,
             "--xdp-mode",
-            mode,
+            asked,
             "--duration",
             "60",
         ]);
         let first = said(&rx, "tracing TCP received on");
-        let gso = peer_gso();
+        let tso_then = peer_tso();
         signal(&child, libc::SIGINT);
         let out = child.wait_with_output().expect("record");
-        assert!(out.status.success(), "{mode}: {}", first);
-        let said: Vec<String> = rx.iter().collect();
-        let noted = said.iter().any(|l| l.contains("turns its peer's TSO off"));
+        assert!(out.status.success(), "{asked}: {first}");
+        let report: Value = serde_json::from_slice(&out.stdout).expect("the JSON report");
+        let lines: Vec<String> = rx.iter().collect();
+        let noted = lines
+            .iter()
+            .find(|l| l.contains("veth"))
+            .map(String::as_str);
         assert_eq!(
-            (gso.as_str(), noted),
-            (if native { "off" } else { "on" }, native),
-            "--xdp-mode {mode}: {first}; then {said:?}"
+            (report["xdp"].as_str(), tso_then.as_str(), noted.is_some()),
+            (Some(ran), tso, line.is_some()),
+            "--xdp-mode {asked}: {first}; then {lines:?}"
         );
-        assert_eq!(peer_gso(), "on", "--xdp-mode {mode}: detached");
+        if let (Some(noted), Some(line)) = (noted, line) {
+            assert!(noted.contains(line), "--xdp-mode {asked}: {noted}");
+        }
+        assert!(first.contains(&format!("(XDP {ran})")), "{first}");
+        assert_eq!(peer_tso(), "on", "--xdp-mode {asked}: detached");
     }
 }

@@ -18,7 +18,7 @@ use crate::{
     jsonl::JsonLines,
     kernel::{netns, AttachedMode, KernelReport, Tracer, TracerOptions},
     metrics::Metrics,
-    nic::{NicEvidence, NicWatch},
+    nic::{self, NicEvidence, NicWatch},
     output::{KeptFiles, OutputFile},
     pcapng::{self, PcapngWriter},
     record::{self, Outcome, RecordOptions, StopReason},
@@ -39,6 +39,10 @@ pub(super) struct Run {
     screen: LiveScreen,
     opts: TracerOptions,
     linux: Option<KernelReport>,
+    /// The XDP attachment that ran (once stopped).
+    xdp: Option<AttachedMode>,
+    /// On a veth: the mode taken and what it costs or means.
+    veth_note: Option<String>,
     /// What the NIC says, read when the run began, every second while
     /// live and when it stopped.
     nic: NicWatch,
@@ -54,6 +58,7 @@ pub(super) struct Ended {
     pub outcome: Outcome,
     out: Outputs,
     linux: Option<KernelReport>,
+    xdp: Option<AttachedMode>,
     nic: Option<NicEvidence>,
     /// The report's first line.
     pub header: String,
@@ -70,8 +75,15 @@ impl Run {
         mut engine: Engine,
         trace: &TraceArgs,
     ) -> Result<Self> {
+        // On a veth, what keeps the peer's speed unless native was asked.
+        let (xdp_mode, veth_note) = if opts.xdp {
+            nic::veth::xdp_mode(&opts.iface, opts.netns.as_deref(), opts.xdp_mode)
+        } else {
+            (opts.xdp_mode, None)
+        };
         let opts = TracerOptions {
             snaplen: out.file.snaplen(trace),
+            xdp_mode,
             ..opts
         };
         let tracer = Tracer::attach(&opts)?;
@@ -100,6 +112,8 @@ impl Run {
             screen: LiveScreen(None),
             opts,
             linux: None,
+            xdp: None,
+            veth_note,
             nic,
             reattach: false,
             reattached: 0,
@@ -133,18 +147,10 @@ impl Run {
         self.tracer.as_ref().expect("attached until stop")
     }
 
-    /// What native XDP on a veth costs, said once at start: attaching it
-    /// makes the veth driver take TSO (all its GSO kinds) from the peer,
-    /// whose stack then segments every TCP packet in software.
-    pub fn veth_note(&self) -> Option<String> {
-        let tracer = self.tracer();
-        let veth = self.nic.first().driver.as_deref() == Some("veth");
-        (veth && tracer.mode == AttachedMode::Native).then(|| {
-            format!(
-                "tracer: native XDP on the veth {} turns its peer's TSO off: the peer's stack segments every TCP packet in software (an upload over a veth pair ran at 0.11 of its speed with any program attached so, in `cargo xtask bench`); --xdp-mode generic keeps it, XDP then seeing the peer's TSO packets rather than wire segments",
-                tracer.iface
-            )
-        })
+    /// On a veth, the XDP mode taken and what it costs or means, to be
+    /// said once at start ([`nic::veth::xdp_mode`]).
+    pub fn veth_note(&self) -> Option<&str> {
+        self.veth_note.as_deref()
     }
 
     /// Collects until `until`, `duration` or a signal (progress lines
@@ -272,6 +278,7 @@ impl Run {
     pub fn stop(&mut self) {
         if let Some(tracer) = self.tracer.take() {
             self.linux = Some(tracer.kernel.report());
+            self.xdp = Some(tracer.mode);
         }
     }
 
@@ -286,6 +293,7 @@ impl Run {
             outcome,
             out: self.out,
             linux: self.linux,
+            xdp: self.xdp,
             nic: self.nic.evidence().cloned(),
             reattached: self.reattached,
         })
@@ -374,6 +382,7 @@ impl Ended {
         s.with_kernel(&self.outcome.counters)
             .with_interface(interface_events(&self.outcome, self.reattached))
             .with_linux(self.linux.clone())
+            .with_xdp(self.xdp)
             .with_resident(self.outcome.peak_resident_bytes)
             .with_nic(self.nic.clone())
     }

@@ -273,6 +273,7 @@ pub(crate) fn build(
         config: *cfg,
         kernel: None,
         linux: None,
+        xdp: None,
         peak_resident_bytes: None,
         interface: None,
         memory: Memory::default(),

@@ -269,7 +269,10 @@ impl Topology {
         Ok(())
     }
 
-    /// The edge -> server link, with the server's routes through it.
+    /// The edge -> server link, with the server's routes through it. The
+    /// edge sends wire segments, as a NIC delivers them: its TSO off
+    /// (native XDP on the server's side, which the tracer then takes,
+    /// would turn it off anyway).
     fn link_server(&self) -> Result<()> {
         self.link(
             (
@@ -281,6 +284,9 @@ impl Topology {
             (&self.server_ns, SERVER_IF, SERVER_V4, SERVER_V6),
             self.queues,
         )?;
+        in_netns(&self.edge_ns, || {
+            tcp_segmentation_offload(EDGE_SERVER_IF, false)
+        })??;
         self.server_routes()
     }
 
@@ -456,13 +462,24 @@ fn mac_address(ns: &str, dev: &str) -> Result<String> {
 /// `ethtool -K DEV tx on|off` for the calling thread's namespace.
 fn tx_checksum_offload(dev: &str, on: bool) -> Result<()> {
     const ETHTOOL_STXCSUM: u32 = 0x17;
+    ethtool_set(dev, ETHTOOL_STXCSUM, "tx", on)
+}
+
+/// `ethtool -K DEV tso on|off` for the calling thread's namespace.
+fn tcp_segmentation_offload(dev: &str, on: bool) -> Result<()> {
+    const ETHTOOL_STSO: u32 = 0x1f;
+    ethtool_set(dev, ETHTOOL_STSO, "tso", on)
+}
+
+/// One `ethtool -K DEV FEATURE on|off` (its set command `cmd`).
+fn ethtool_set(dev: &str, cmd: u32, feature: &str, on: bool) -> Result<()> {
     #[repr(C)]
     struct EthtoolValue {
         cmd: u32,
         data: u32,
     }
     let mut value = EthtoolValue {
-        cmd: ETHTOOL_STXCSUM,
+        cmd,
         data: u32::from(on),
     };
     // SAFETY: a plain socket and a SIOCETHTOOL request whose ifreq points
@@ -482,7 +499,7 @@ fn tx_checksum_offload(dev: &str, on: bool) -> Result<()> {
         libc::close(fd);
         if ret != 0 {
             bail!(
-                "ethtool -K {dev} tx {}: {err}",
+                "ethtool -K {dev} {feature} {}: {err}",
                 if on { "on" } else { "off" }
             );
         }

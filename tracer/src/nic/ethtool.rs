@@ -1,5 +1,5 @@
 //! The kernel's ethtool ioctl (`SIOCETHTOOL`): the calls behind `ethtool
-//! -i`, `--show-priv-flags`, `-k` (ntuple), `-l`, `-x` and `-S`. The
+//! -i`, `--show-priv-flags`, `-k` (ntuple, TSO), `-l`, `-x` and `-S`. The
 //! structures are the kernel's UAPI (`linux/ethtool.h`), stable since
 //! Linux 4.x; ethtool's netlink interface has no driver statistics by name,
 //! and no crate covers these calls together.
@@ -13,6 +13,7 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 const GDRVINFO: u32 = 0x03;
 const GSTRINGS: u32 = 0x1b;
 const GSTATS: u32 = 0x1d;
+const GTSO: u32 = 0x1e;
 const GFLAGS: u32 = 0x25;
 const GPFLAGS: u32 = 0x27;
 const GSSET_INFO: u32 = 0x37;
@@ -89,6 +90,15 @@ impl Ethtool {
             return Err(io::Error::last_os_error());
         }
         Ok(())
+    }
+
+    /// `ethtool -k`'s `tcp-segmentation-offload`: whether the interface
+    /// takes TCP packets of several segments.
+    pub fn tso(&self, iface: &str) -> io::Result<bool> {
+        // struct ethtool_value.
+        let mut buf = [GTSO, 0];
+        self.call(iface, &mut buf)?;
+        Ok(buf[1] != 0)
     }
 
     pub fn driver(&self, iface: &str) -> io::Result<DriverInfo> {

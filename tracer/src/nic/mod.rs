@@ -9,6 +9,7 @@
 pub mod ethtool;
 pub mod fix;
 pub mod rss;
+pub mod veth;
 
 use std::{collections::BTreeMap, fs, path::Path};
 

@@ -5,7 +5,7 @@ use std::{fmt::Write as _, time::Duration};
 
 use super::replay::replay_lines;
 use crate::{
-    kernel::Counters,
+    kernel::{AttachedMode, Counters},
     nic::NicEvidence,
     snapshot::{Distribution, FlowReport, Snapshot, Verdict},
     source::capture::CaptureSummary,
@@ -186,6 +186,14 @@ pub fn text(
             fix.suggestion
         );
         let _ = writeln!(out, "             because: {}", fix.evidence);
+    }
+    if let Some(xdp) = s.xdp {
+        let seen = match xdp {
+            AttachedMode::Native => "the frames as the driver received them (on a NIC, wire segments)",
+            AttachedMode::Generic => "the packets the stack took (after GRO, and a veth peer's TSO packets: several segments at once), not wire segments",
+            AttachedMode::Off => "none: the TCP layer alone",
+        };
+        let _ = writeln!(out, "  xdp        {xdp}: {seen}");
     }
     if let Some(linux) = &s.linux {
         let _ = writeln!(out, "  linux      {}", linux.release);
