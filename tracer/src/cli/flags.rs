@@ -89,7 +89,8 @@ pub struct LabSendArgs {
 
 #[derive(Args)]
 pub struct TraceArgs {
-    /// XDP attachment: native (driver) with generic fallback, or forced.
+    /// XDP attachment: native (driver) with generic fallback, generic on a
+    /// veth whose peer has TSO (native would take it), or forced.
     #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
     pub(crate) xdp_mode: XdpModeChoice,
     /// Ring buffer size in MiB (a power of two), shared among the CPUs'
