@@ -40,7 +40,7 @@ use anyhow::Result;
 use jiff::Timestamp;
 
 use crate::{
-    kernel::{Counters, KernelReport},
+    kernel::{AttachedMode, Counters, KernelReport},
     output::KeptFiles,
     sink::Sink,
     source::{
@@ -62,6 +62,8 @@ pub struct Interface {
     pub kernel: KernelReport,
     /// Whether the receiver sends DSACKs, when read from its host.
     pub receiver_dsack: Option<bool>,
+    /// The XDP attachment the trace is taken with.
+    pub xdp: AttachedMode,
 }
 
 pub struct PcapngWriter {
@@ -242,6 +244,10 @@ impl PcapngWriter {
             d.push(u8::from(dsack));
             b.option(opt::CUSTOM_BINARY, &d);
         }
+        let mut xdp = custom::PEN.to_ne_bytes().to_vec();
+        xdp.extend(custom::XDP);
+        xdp.extend(self.iface.xdp.to_string().as_bytes());
+        b.option(opt::CUSTOM_BINARY, &xdp);
         b.end_options();
         self.put(b);
 

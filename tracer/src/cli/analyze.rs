@@ -39,6 +39,7 @@ pub fn analyze(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     if let Some(dsack) = reader.receiver_dsack() {
         engine.set_receiver_dsack(dsack);
     }
+    let xdp = reader.xdp();
     // Writable before the work, not after.
     let plot_file = args.plot.as_deref().map(OutputFile::open).transpose()?;
     let mut plot = args.plot.as_ref().map(|_| Plot::default());
@@ -63,7 +64,10 @@ pub fn analyze(args: AnalyzeArgs, replay_only: bool) -> Result<ExitCode> {
     super::run::replay(&engine, &mut snapshot);
     // Our own traces carry the kernel's counters: the report is record's.
     if let Some(k) = &summary.kernel {
-        snapshot = snapshot.with_kernel(k).with_linux(summary.linux.clone());
+        snapshot = snapshot
+            .with_kernel(k)
+            .with_linux(summary.linux.clone())
+            .with_xdp(xdp);
     }
     let elapsed = Duration::from_nanos(summary.last_ns.saturating_sub(summary.first_ns));
     let header = format!(

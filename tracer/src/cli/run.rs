@@ -582,6 +582,7 @@ impl Output {
                 ifindex: tracer.ifindex,
                 kernel: tracer.kernel.report(),
                 receiver_dsack,
+                xdp: tracer.mode,
             }
         };
         *self = match std::mem::replace(self, Self::None) {

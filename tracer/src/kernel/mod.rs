@@ -53,6 +53,15 @@ pub enum AttachedMode {
     Off,
 }
 
+impl AttachedMode {
+    /// The mode its [`fmt::Display`] names.
+    pub fn named(name: &str) -> Option<Self> {
+        [Self::Native, Self::Generic, Self::Off]
+            .into_iter()
+            .find(|m| m.to_string() == name)
+    }
+}
+
 impl fmt::Display for AttachedMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -16,7 +16,7 @@ use tracer_common::SegmentEvent;
 use tracer_ebpf::parse::{self, ParseError};
 
 use super::{Flow, Observation, Segment};
-use crate::kernel::{Counters, KernelReport};
+use crate::kernel::{AttachedMode, Counters, KernelReport};
 
 /// What is wrong with a capture, and where (bytes from the file's start).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +116,8 @@ pub struct CaptureReader<R> {
     linux: Option<KernelReport>,
     /// Whether the receiver sent DSACKs (our traces, since they say).
     receiver_dsack: Option<bool>,
+    /// The XDP attachment our trace was taken with (since they say).
+    xdp: Option<AttachedMode>,
     /// The last pcapng block's body, its room reused for the next.
     block: Vec<u8>,
     /// Room for the next packet's bytes: a packet's own, handed back by
@@ -151,6 +153,7 @@ impl<R: Read> CaptureReader<R> {
             done: false,
             linux: None,
             receiver_dsack: None,
+            xdp: None,
             block: Vec::new(),
             spare: Vec::new(),
         };
@@ -271,6 +274,10 @@ impl<R: Read> CaptureReader<R> {
             .filter(|&(code, _)| code == opt::CUSTOM_BINARY)
             .find_map(|(_, v)| self.ours(v, custom::DSACK))
             .and_then(|d| d.first().map(|&b| b != 0));
+        self.xdp = options(self.big_endian, options_at)
+            .filter(|&(code, _)| code == opt::CUSTOM_BINARY)
+            .find_map(|(_, v)| self.ours(v, custom::XDP))
+            .and_then(|m| AttachedMode::named(std::str::from_utf8(m).ok()?));
         self.kind = Kind::Pcapng {
             interfaces: Vec::new(),
         };
@@ -291,6 +298,11 @@ impl<R: Read> CaptureReader<R> {
     /// says (read with it).
     pub fn receiver_dsack(&self) -> Option<bool> {
         self.receiver_dsack
+    }
+
+    /// The XDP attachment our trace was taken with, as its section says.
+    pub fn xdp(&self) -> Option<AttachedMode> {
+        self.xdp
     }
 
     /// Bytes read so far.
@@ -1185,6 +1197,7 @@ mod round_trip {
                 missing: vec!["no err".into(), "no more".into()],
             },
             receiver_dsack: Some(false),
+            xdp: AttachedMode::Generic,
         };
         let mut w = PcapngWriter::create(path, file, iface).unwrap();
         let mut sent = Vec::new();
@@ -1279,6 +1292,7 @@ mod round_trip {
         let mut r = CaptureReader::new(&bytes[..]).unwrap();
         while r.next_item().is_some() {}
         assert_eq!(r.receiver_dsack(), Some(false));
+        assert_eq!(r.xdp(), Some(AttachedMode::Generic));
         let linux = r.linux.expect("the kernel recorded on");
         assert_eq!(linux.release, "6.1.0-57-cloud-amd64");
         assert_eq!(linux.missing, ["no err", "no more"]);
@@ -1303,6 +1317,7 @@ mod round_trip {
             ifindex: 7,
             kernel: KernelReport::default(),
             receiver_dsack: None,
+            xdp: AttachedMode::Native,
         };
         const FILE_BYTES: u64 = 16 << 10;
         let mut w = PcapngWriter::ring(kept, FILE_BYTES, iface).unwrap();

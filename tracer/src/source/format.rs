@@ -120,6 +120,10 @@ pub(crate) mod custom {
     /// `net.ipv4.tcp_dsack`, one byte: 0 or 1), which the replay's undo
     /// depends on.
     pub const DSACK: [u8; 4] = *b"rdsk";
+    /// SHB option: the XDP attachment the trace was taken with
+    /// (`native`, `generic`, `off`): what one of its packets is, a frame
+    /// as the driver received it or what the stack took.
+    pub const XDP: [u8; 4] = *b"rxdp";
 
     use crate::kernel::KernelReport;
 
